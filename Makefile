@@ -1,0 +1,41 @@
+# The two commands of the README:
+#   make demo   set everything up, then run the main job (2 ranks)
+#   make test   set everything up, then run the whole test suite
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+OUT ?= out
+
+# Open MPI refuses to start as root without these.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+.PHONY: demo test install clean bench
+
+install: $(STAMP)
+
+$(STAMP): setup.py pyproject.toml proto/coordinator.proto
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip wheel "setuptools<70"
+	$(PIP) install --quiet "numpy<2"
+	# Chainer 7.8.1 builds only with setuptools<70 and without build isolation.
+	$(PIP) install --quiet --no-build-isolation chainer==7.8.1
+	$(PIP) install --quiet torch==2.13.0 tensorflow-cpu==2.21.0
+	$(PIP) install --quiet -e ".[all]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	mkdir -p $(OUT)
+	$(VENV)/bin/coordrun -np 2 --timeline-filename $(OUT)/timeline.json \
+		$(PY) examples/numpy_digits.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) -m coordinator.bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info coordinator/_wire $(OUT)

@@ -1,0 +1,40 @@
+"""coordinator: a Horovod-style coordinator for data-parallel training.
+
+`import coordinator as hvd` gives Horovod's vocabulary over NumPy arrays:
+init/shutdown, rank/size, allreduce, allgather, broadcast, alltoall,
+reducescatter (each with _async and grouped variants), barrier, join,
+poll/synchronize and process sets. One background thread per process
+negotiates tensors by name with the other ranks, fuses them, and runs the
+collectives over MPI in the same order everywhere.
+"""
+
+from coordinator.basics import (add_process_set, cross_rank, cross_size, init,
+                                is_homogeneous, is_initialized, local_rank, local_size,
+                                mpi_threads_supported, rank, remove_process_set, shutdown,
+                                size)
+from coordinator.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather,
+                                     allgather_async, allreduce, allreduce_async, alltoall,
+                                     alltoall_async, barrier, broadcast, broadcast_async,
+                                     grouped_allgather, grouped_allgather_async,
+                                     grouped_allreduce, grouped_allreduce_async,
+                                     grouped_reducescatter, grouped_reducescatter_async, join,
+                                     poll, reducescatter, reducescatter_async, synchronize)
+from coordinator.errors import (HorovodInternalError, NotInitializedError, RankFailedError,
+                                ShutdownError, StallError, TensorMismatchError)
+from coordinator.process_sets import ProcessSet, global_process_set
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
+    "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_async", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "HorovodInternalError", "NotInitializedError", "RankFailedError", "ShutdownError",
+    "StallError", "TensorMismatchError",
+]

@@ -1,0 +1,109 @@
+"""Starting and stopping the coordinator, and what it knows about the job."""
+
+from coordinator import collectives, runtime
+from coordinator.errors import NotInitializedError
+from coordinator.process_sets import ProcessSet, global_process_set
+from coordinator.tensor_queue import Entry
+from coordinator.wire import pb
+
+
+def init(comm=None, process_sets=None):
+    """Starts the coordinator: one background thread for this process.
+
+    comm: an mpi4py communicator or a list of global ranks (default: all).
+    process_sets: ProcessSets to register now (every rank passes the same
+    list), or "dynamic" to allow add_process_set/remove_process_set later.
+    A second init() without shutdown() in between is an error."""
+    rt = runtime.start(comm, process_sets)
+    rt.dynamic_process_sets = (process_sets == "dynamic"
+                               or rt.config.dynamic_process_sets)
+    collectives.reset_names()
+
+
+def shutdown():
+    """Stops the background thread. Operations still in flight on any rank
+    fail with ShutdownError; later operations raise until init() again."""
+    runtime.stop()
+
+
+def is_initialized():
+    return runtime.current() is not None
+
+
+def _rt(what):
+    rt = runtime.current()
+    if rt is None:
+        state = "has been shut down" if runtime.was_shut_down() else "has not been initialized"
+        raise NotInitializedError(f"{what}(): the coordinator {state}; call init() first")
+    return rt
+
+
+def size():
+    return _rt("size").size
+
+
+def rank():
+    return _rt("rank").rank
+
+
+def local_size():
+    return _rt("local_size").topology.local_size
+
+
+def local_rank():
+    return _rt("local_rank").topology.local_rank
+
+
+def cross_size():
+    return _rt("cross_size").topology.cross_size
+
+
+def cross_rank():
+    return _rt("cross_rank").topology.cross_rank
+
+
+def is_homogeneous():
+    return _rt("is_homogeneous").topology.homogeneous
+
+
+def mpi_threads_supported():
+    _rt("mpi_threads_supported")
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def add_process_set(process_set):
+    """Registers a process set on every rank (all ranks call this, in the same
+    order, with the same ranks) and returns it."""
+    rt = _rt("add_process_set")
+    if not getattr(rt, "dynamic_process_sets", False):
+        raise ValueError("add_process_set: dynamic process sets are off; set "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call init(process_sets='dynamic')")
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"add_process_set: {ps!r} is already registered")
+    ranks = ps.ranks if ps.mpi_comm is None else runtime._ranks_of(ps, rt.base_comm)
+    if rt.process_sets.find(ranks) is not None:
+        raise ValueError(f"add_process_set: a process set with ranks {ranks} already exists")
+    bad = [r for r in ranks if not 0 <= r < rt.size]
+    if bad or not ranks:
+        raise ValueError(f"add_process_set: ranks {ranks} are not valid for {rt.size} ranks")
+    name = f"process_set.add.{','.join(map(str, ranks))}"
+    rt.expect_process_set(name, ps)
+    entry = Entry(name, pb.ADD_PROCESS_SET, ranks=tuple(ranks))
+    return collectives.synchronize(collectives._submit(rt, [entry]))
+
+
+def remove_process_set(process_set):
+    """Unregisters a process set on every rank (all ranks call this). Returns
+    False for an unregistered set or the global set."""
+    rt = _rt("remove_process_set")
+    pid = process_set.process_set_id
+    if pid is None or pid == 0 or process_set is global_process_set:
+        return False
+    if not getattr(rt, "dynamic_process_sets", False):
+        raise ValueError("remove_process_set: dynamic process sets are off; set "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call init(process_sets='dynamic')")
+    entry = Entry(f"process_set.remove.{pid}", pb.REMOVE_PROCESS_SET, process_set_id=pid)
+    return bool(collectives.synchronize(collectives._submit(rt, [entry])))

@@ -1,0 +1,374 @@
+"""The collective operations, in Horovod's vocabulary, over NumPy arrays.
+
+Every operation has one asynchronous implementation that validates its input
+on the calling rank, turns it into an `Entry` and queues it for the
+background thread, returning an int handle at once. The blocking variant is
+generated from it (`_blocking`): submit, then `synchronize`.
+"""
+
+import functools
+import itertools
+import numbers
+
+import numpy as np
+
+from coordinator import dtypes, runtime
+from coordinator.errors import NotInitializedError
+from coordinator.ops_names import CPU_DEVICE
+from coordinator.process_sets import ProcessSet, global_process_set
+from coordinator.tensor_queue import Entry
+from coordinator.wire import pb
+
+# Reduce operations; the values are Horovod's.
+Average = pb.AVERAGE
+Sum = pb.SUM
+Adasum = pb.ADASUM
+Min = pb.MIN
+Max = pb.MAX
+Product = pb.PRODUCT
+
+_REDUCE_OPS = {Average, Sum, Adasum, Min, Max, Product}
+_names = {"counter": itertools.count(1)}
+
+
+def reset_names():
+    _names["counter"] = itertools.count(1)
+
+
+def _runtime_for(what):
+    rt = runtime.current()
+    if rt is None:
+        state = ("has been shut down" if runtime.was_shut_down()
+                 else "has not been initialized")
+        raise NotInitializedError(f"{what}: the coordinator {state}; call init() first")
+    if rt.fatal_error is not None:
+        raise type(rt.fatal_error)(f"{what}: {rt.fatal_error}")
+    return rt
+
+
+def _label(op, name):
+    return f"{op} of tensor '{name}'" if name else op
+
+
+def _name(prefix, name):
+    if name is None:
+        return f"{prefix}.noname.{next(_names['counter'])}"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{prefix}: name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _process_set(process_set, rt, what):
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"{what}: process_set must be a ProcessSet, got {process_set!r}")
+    if process_set.process_set_id is None or rt.process_sets.get(
+            process_set.process_set_id) is not process_set:
+        raise ValueError(f"{what}: {process_set!r} is not registered on this rank; pass it "
+                         "to init(process_sets=...) or add_process_set() first")
+    if not process_set.included():
+        raise ValueError(f"{what}: rank {rt.rank} is not a member of the provided process "
+                         f"set {process_set.ranks}")
+    return process_set
+
+
+def _array(tensor, what, reducible):
+    arr = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
+    info = dtypes.info_for(arr.dtype)
+    if info is None:
+        raise ValueError(f"{what}: dtype {arr.dtype} is not supported (supported: "
+                         f"{dtypes.SUPPORTED_NAMES})")
+    if reducible and not info.reducible:
+        raise ValueError(f"{what}: dtype {arr.dtype} cannot be reduced; allgather, broadcast "
+                         "and alltoall accept it")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr, info
+
+
+def _output(output, arr, what):
+    if output is None:
+        return None
+    if not isinstance(output, np.ndarray):
+        raise ValueError(f"{what}: output must be a NumPy array")
+    if output.shape != arr.shape or output.dtype != arr.dtype:
+        raise ValueError(f"{what}: output has shape {output.shape} and dtype {output.dtype}; "
+                         f"the tensor has shape {arr.shape} and dtype {arr.dtype}")
+    if not output.flags.c_contiguous or not output.flags.writeable:
+        raise ValueError(f"{what}: output must be a writeable C-contiguous array (it is "
+                         "written in place); pass a contiguous array or no output")
+    return output
+
+
+def _reduce_op(op, average, what):
+    if op is not None and average is not None:
+        raise ValueError(f"{what}: pass either op or the deprecated average, not both")
+    if op is None:
+        op = Sum if average is False else Average
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"{what}: unknown reduce op {op!r}")
+    if op == Adasum:
+        raise NotImplementedError(f"{what}: op=Adasum is not supported by the core on NumPy "
+                                  "arrays")
+    return op
+
+
+def _scale(value, label, what):
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"{what}: {label} must be a real number, got {value!r}")
+    return float(value)
+
+
+def _submit(rt, entries, group=False):
+    """Queue entries and return one handle: for the entry, or for the list of
+    a grouped operation's entries."""
+    for entry in entries:
+        rt.queue.push(entry)
+    return rt.handles.add(list(entries) if group else entries[0])
+
+
+def _blocking(async_fn):
+    """The blocking variant of an _async function: submit, then synchronize."""
+
+    @functools.wraps(async_fn)
+    def run(*args, **kwargs):
+        return synchronize(async_fn(*args, **kwargs))
+
+    run.__name__ = run.__qualname__ = async_fn.__name__[:-len("_async")]
+    run.__doc__ = (async_fn.__doc__ or "").replace("Starts", "Runs").replace(
+        "returns a handle", "waits for and returns the result")
+    return run
+
+
+# ----------------------------------------------------------------- allreduce
+def _allreduce_entry(rt, tensor, name, op, prescale, postscale, ps, output, group="",
+                     group_size=0):
+    what = _label("allreduce", name)
+    arr, info = _array(tensor, what, reducible=True)
+    return Entry(name, pb.ALLREDUCE, tensor=arr, output=_output(output, arr, what),
+                 dtype_info=info, shape=arr.shape, reduce_op=op,
+                 prescale=_scale(prescale, "prescale_factor", what),
+                 postscale=_scale(postscale, "postscale_factor", what),
+                 process_set_id=ps.process_set_id, device=CPU_DEVICE, group=group,
+                 group_size=group_size)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set, output=None):
+    """Starts reducing `tensor` over the ranks of `process_set` and returns a
+    handle. op: Average (default), Sum, Min, Max or Product. The result is
+    postscale * op(prescale * tensor); Average divides by the set's size.
+    With `output`, the result is written there (pass the tensor for in place)."""
+    name = _name("allreduce", name)
+    rt = _runtime_for(_label("allreduce", name))
+    op = _reduce_op(op, average, _label("allreduce", name))
+    ps = _process_set(process_set, rt, _label("allreduce", name))
+    return _submit(rt, [_allreduce_entry(rt, tensor, name, op, prescale_factor,
+                                         postscale_factor, ps, output)])
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set,
+                            outputs=None):
+    """Starts reducing a list of tensors as one unit (they are negotiated and
+    fused together) and returns one handle whose result is a list."""
+    tensors = list(tensors)
+    base = _name("grouped_allreduce", name)
+    rt = _runtime_for(_label("grouped_allreduce", base))
+    op = _reduce_op(op, average, _label("grouped_allreduce", base))
+    ps = _process_set(process_set, rt, _label("grouped_allreduce", base))
+    outputs = list(outputs) if outputs is not None else [None] * len(tensors)
+    n = len(tensors)
+    entries = [_allreduce_entry(rt, t, f"{base}_{i + 1}of{n}", op, prescale_factor,
+                                postscale_factor, ps, o, group=base, group_size=n)
+               for i, (t, o) in enumerate(zip(tensors, outputs))]
+    return _submit(rt, entries, group=True)
+
+
+# ----------------------------------------------------------------- allgather
+def _allgather_entry(tensor, name, ps, group="", group_size=0):
+    what = _label("allgather", name)
+    arr, info = _array(tensor, what, reducible=False)
+    if arr.ndim == 0:
+        raise ValueError(f"{what}: a scalar cannot be gathered; give it a first dimension")
+    return Entry(name, pb.ALLGATHER, tensor=arr, dtype_info=info, shape=arr.shape,
+                 process_set_id=ps.process_set_id, device=CPU_DEVICE, group=group,
+                 group_size=group_size)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating every rank's `tensor` along the first dimension
+    (which may differ per rank) and returns a handle."""
+    name = _name("allgather", name)
+    rt = _runtime_for(_label("allgather", name))
+    ps = _process_set(process_set, rt, _label("allgather", name))
+    return _submit(rt, [_allgather_entry(tensor, name, ps)])
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts gathering a list of tensors as one unit; the result is a list."""
+    tensors = list(tensors)
+    base = _name("grouped_allgather", name)
+    rt = _runtime_for(_label("grouped_allgather", base))
+    ps = _process_set(process_set, rt, _label("grouped_allgather", base))
+    n = len(tensors)
+    return _submit(rt, [_allgather_entry(t, f"{base}_{i + 1}of{n}", ps, base, n)
+                        for i, t in enumerate(tensors)], group=True)
+
+
+# ----------------------------------------------------------------- broadcast
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set,
+                    output=None):
+    """Starts sending `tensor` from `root_rank` (a global rank) to every rank
+    of `process_set` and returns a handle."""
+    name = _name("broadcast", name)
+    what = _label("broadcast", name)
+    rt = _runtime_for(what)
+    ps = _process_set(process_set, rt, what)
+    if not isinstance(root_rank, numbers.Integral) or root_rank not in ps.ranks:
+        raise ValueError(f"{what}: invalid root rank {root_rank!r} for process set "
+                         f"{ps.ranks}")
+    arr, info = _array(tensor, what, reducible=False)
+    return _submit(rt, [Entry(name, pb.BROADCAST, tensor=arr, output=_output(output, arr, what),
+                              dtype_info=info, shape=arr.shape, root_rank=int(root_rank),
+                              process_set_id=ps.process_set_id, device=CPU_DEVICE)])
+
+
+# ------------------------------------------------------------------ alltoall
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts sending splits[i] rows of `tensor` to rank i of the set (an even
+    split when None) and returns a handle whose result is (output,
+    received_splits)."""
+    name = _name("alltoall", name)
+    what = _label("alltoall", name)
+    rt = _runtime_for(what)
+    ps = _process_set(process_set, rt, what)
+    arr, info = _array(tensor, what, reducible=False)
+    if arr.ndim == 0:
+        raise ValueError(f"{what}: a scalar cannot be scattered; give it a first dimension")
+    n = ps.size()
+    if splits is None:
+        if arr.shape[0] % n:
+            raise ValueError(f"{what}: splits not given and the first dimension "
+                             f"{arr.shape[0]} is not a multiple of the {n} ranks")
+        splits = [arr.shape[0] // n] * n
+    else:
+        splits = np.asarray(splits)
+        if splits.ndim != 1 or splits.dtype.kind not in "iu":
+            raise ValueError(f"{what}: splits must be a 1-D list of integers")
+        splits = [int(s) for s in splits]
+        if len(splits) != n:
+            raise ValueError(f"{what}: {len(splits)} splits given for a process set of {n} "
+                             "ranks")
+        if any(s < 0 for s in splits) or sum(splits) > arr.shape[0]:
+            raise ValueError(f"{what}: splits {splits} must be non-negative and sum to at "
+                             f"most the first dimension {arr.shape[0]}")
+    return _submit(rt, [Entry(name, pb.ALLTOALL, tensor=arr, dtype_info=info, shape=arr.shape,
+                              splits=tuple(splits), process_set_id=ps.process_set_id,
+                              device=CPU_DEVICE)])
+
+
+# ------------------------------------------------------------- reducescatter
+def _reducescatter_entry(tensor, name, op, prescale, postscale, ps, group="", group_size=0):
+    what = _label("reducescatter", name)
+    arr, info = _array(tensor, what, reducible=True)
+    if arr.ndim == 0:
+        raise ValueError(f"{what}: a scalar cannot be scattered; give it a first dimension")
+    return Entry(name, pb.REDUCESCATTER, tensor=arr, dtype_info=info, shape=arr.shape,
+                 reduce_op=op, prescale=_scale(prescale, "prescale_factor", what),
+                 postscale=_scale(postscale, "postscale_factor", what),
+                 process_set_id=ps.process_set_id, device=CPU_DEVICE, group=group,
+                 group_size=group_size)
+
+
+def _reducescatter_op(op, what):
+    if op not in (Sum, Average):
+        names = {Min: "Min", Max: "Max", Product: "Product", Adasum: "Adasum"}
+        raise ValueError(f"{what}: reducescatter supports only Sum and Average, not "
+                         f"{names.get(op, op)}")
+    return op
+
+
+def reducescatter_async(tensor, op=Average, name=None, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts reducing `tensor` over the set and leaving each rank its share
+    of the first dimension (the first n % size ranks get one extra row);
+    returns a handle."""
+    name = _name("reducescatter", name)
+    what = _label("reducescatter", name)
+    rt = _runtime_for(what)
+    op = _reducescatter_op(op, what)
+    ps = _process_set(process_set, rt, what)
+    return _submit(rt, [_reducescatter_entry(tensor, name, op, prescale_factor,
+                                             postscale_factor, ps)])
+
+
+def grouped_reducescatter_async(tensors, op=Average, name=None,
+                                process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """Starts a reducescatter of a list of tensors as one unit."""
+    tensors = list(tensors)
+    base = _name("grouped_reducescatter", name)
+    what = _label("grouped_reducescatter", base)
+    rt = _runtime_for(what)
+    op = _reducescatter_op(op, what)
+    ps = _process_set(process_set, rt, what)
+    n = len(tensors)
+    return _submit(rt, [_reducescatter_entry(t, f"{base}_{i + 1}of{n}", op, prescale_factor,
+                                             postscale_factor, ps, base, n)
+                        for i, t in enumerate(tensors)], group=True)
+
+
+# ---------------------------------------------------------- control and sync
+def barrier_async(process_set=global_process_set):
+    rt = _runtime_for("barrier")
+    ps = _process_set(process_set, rt, "barrier")
+    return _submit(rt, [Entry(f"barrier.{ps.process_set_id}", pb.BARRIER,
+                              process_set_id=ps.process_set_id)])
+
+
+def join_async(device=-1):
+    rt = _runtime_for("join")
+    return _submit(rt, [Entry("join", pb.JOIN)])
+
+
+def join(device=-1):
+    """Blocks until every rank has joined; meanwhile this rank takes part in
+    the other ranks' allreduces with zeros. Returns the last rank to join."""
+    return synchronize(join_async(device))
+
+
+def barrier(process_set=global_process_set):
+    """Blocks until every rank of the set has reached the barrier."""
+    synchronize(barrier_async(process_set))
+
+
+def poll(handle):
+    """True once the operation behind `handle` has completed."""
+    rt = _runtime_for("poll")
+    return rt.handles.poll(handle)
+
+
+def synchronize(handle):
+    """Waits for `handle`, releases it and returns its result (a list for a
+    grouped operation); raises the operation's error if it failed."""
+    rt = runtime.current()
+    if rt is None:
+        raise NotInitializedError("synchronize: the coordinator is not initialized")
+    return rt.handles.wait(handle, rt.check_health)
+
+
+allreduce = _blocking(allreduce_async)
+grouped_allreduce = _blocking(grouped_allreduce_async)
+allgather = _blocking(allgather_async)
+grouped_allgather = _blocking(grouped_allgather_async)
+broadcast = _blocking(broadcast_async)
+reducescatter = _blocking(reducescatter_async)
+grouped_reducescatter = _blocking(grouped_reducescatter_async)
+_alltoall_pair = _blocking(alltoall_async)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Runs alltoall; returns the output, or (output, received_splits) when
+    `splits` is given."""
+    output, received = _alltoall_pair(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)

@@ -1,0 +1,101 @@
+"""Settings, read once from the environment into one immutable object.
+
+Names and units follow Horovod's environment variables so existing job scripts
+keep working. Nothing else in the package reads `os.environ` for settings: the
+`Config` built at `init()` is handed to the objects that need it.
+"""
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+MIB = 1024 * 1024
+
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+_FALSE = {"0", "false", "no", "off", "n", "f", ""}
+
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+
+
+def _bool(env, key, default):
+    raw = env.get(key)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{key}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def _number(env, key, default, kind, minimum=None):
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = kind(raw.strip()) if kind is float else int(float(raw.strip()))
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not a number") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{key}={raw!r} must be at least {minimum}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    # Largest fused buffer in bytes; 0 disables fusion.
+    fusion_threshold: int = 128 * MIB
+    # Extra time (ms) the coordinator may wait to gather more ready tensors
+    # into one fused buffer. 0: dispatch as soon as a tensor is ready.
+    cycle_time_ms: float = 0.0
+    # Response cache entries; 0 disables the cache.
+    cache_capacity: int = 1024
+    timeline: str = ""
+    timeline_mark_cycles: bool = False
+    stall_check_disable: bool = False
+    stall_check_time: float = 60.0
+    stall_shutdown_time: float = 0.0
+    log_level: str = "warning"
+    log_hide_time: bool = False
+    hierarchical_allreduce: bool = False
+    hierarchical_allgather: bool = False
+    torus_allreduce: bool = False
+    autotune: bool = False
+    autotune_log: str = ""
+    dynamic_process_sets: bool = False
+    # Fixes the number of ranks per simulated host (0: ask MPI).
+    local_size_override: int = 0
+    # How often an idle background thread wakes to look for control
+    # messages, liveness and stalls (seconds).
+    idle_poll_interval: float = 0.05
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Config":
+        env = os.environ if env is None else env
+        level = env.get("HOROVOD_LOG_LEVEL", "warning").strip().lower() or "warning"
+        if level not in LOG_LEVELS:
+            raise ValueError(f"HOROVOD_LOG_LEVEL={level!r} is not one of {', '.join(LOG_LEVELS)}")
+        return cls(
+            fusion_threshold=_number(env, "HOROVOD_FUSION_THRESHOLD", cls.fusion_threshold, int, 0),
+            cycle_time_ms=_number(env, "HOROVOD_CYCLE_TIME", cls.cycle_time_ms, float, 0.0),
+            cache_capacity=_number(env, "HOROVOD_CACHE_CAPACITY", cls.cache_capacity, int, 0),
+            timeline=env.get("HOROVOD_TIMELINE", ""),
+            timeline_mark_cycles=_bool(env, "HOROVOD_TIMELINE_MARK_CYCLES", False),
+            stall_check_disable=_bool(env, "HOROVOD_STALL_CHECK_DISABLE", False),
+            stall_check_time=_number(env, "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                                     cls.stall_check_time, float, 0.0),
+            stall_shutdown_time=_number(env, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                                        cls.stall_shutdown_time, float, 0.0),
+            log_level=level,
+            log_hide_time=_bool(env, "HOROVOD_LOG_HIDE_TIME", False),
+            hierarchical_allreduce=_bool(env, "HOROVOD_HIERARCHICAL_ALLREDUCE", False),
+            hierarchical_allgather=_bool(env, "HOROVOD_HIERARCHICAL_ALLGATHER", False),
+            torus_allreduce=_bool(env, "HOROVOD_TORUS_ALLREDUCE", False),
+            autotune=_bool(env, "HOROVOD_AUTOTUNE", False),
+            autotune_log=env.get("HOROVOD_AUTOTUNE_LOG", ""),
+            dynamic_process_sets=_bool(env, "HOROVOD_DYNAMIC_PROCESS_SETS", False),
+            local_size_override=_number(env, "COORDINATOR_SIMULATED_LOCAL_SIZE", 0, int, 0),
+            idle_poll_interval=_number(env, "COORDINATOR_IDLE_POLL_SECONDS",
+                                       cls.idle_poll_interval, float, 0.001),
+        )

@@ -1,0 +1,68 @@
+"""Handles: what an asynchronous submission returns.
+
+A handle is an int, as in Horovod. It stands for one entry, or for the
+entries of a grouped operation. `poll` says whether it is done;
+`synchronize` waits, returns the result (a list for a group) and releases it,
+raising the operation's error if it failed.
+"""
+
+import itertools
+import threading
+
+# How often a waiting thread checks on the job's health (dead peers, a
+# failed background thread) while its operation has not completed.
+HEALTH_CHECK_PERIOD = 0.25
+
+
+class HandleTable:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._items = {}
+        self._ids = itertools.count()
+
+    def add(self, item):
+        handle = next(self._ids)
+        with self._lock:
+            self._items[handle] = item
+        return handle
+
+    def _get(self, handle):
+        item = self._items.get(handle)
+        if item is None:
+            raise ValueError(f"handle {handle!r} is unknown: it was never returned by an "
+                             "_async call, or was already synchronized")
+        return item
+
+    def poll(self, handle):
+        item = self._get(handle)
+        if isinstance(item, list):
+            return all(e.done for e in item)
+        return item.done
+
+    def entries(self, handle):
+        item = self._get(handle)
+        return item if isinstance(item, list) else [item]
+
+    def wait(self, handle, health_check=None):
+        item = self._get(handle)
+        group = item if isinstance(item, list) else [item]
+        for entry in group:
+            if not entry.event.wait(HEALTH_CHECK_PERIOD):
+                while not entry.event.wait(HEALTH_CHECK_PERIOD):
+                    if health_check is not None:
+                        health_check()
+        with self._lock:
+            self._items.pop(handle, None)
+        for entry in group:
+            if entry.error is not None:
+                raise entry.error
+        if isinstance(item, list):
+            return [e.result for e in item]
+        return item.result
+
+    def release(self, handle):
+        with self._lock:
+            self._items.pop(handle, None)
+
+    def __len__(self):
+        return len(self._items)

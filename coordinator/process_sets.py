@@ -1,0 +1,130 @@
+"""Process sets: collectives among a subset of the ranks.
+
+A `ProcessSet` names the global ranks it holds. Once registered (at `init`, or
+with `add_process_set`, which every rank calls) it has an id and, on its
+members, an MPI communicator for its data. The global set, id 0, holds every
+rank.
+"""
+
+import threading
+
+
+class ProcessSet:
+    """A set of global ranks that collectives can be restricted to."""
+
+    def __init__(self, ranks_or_comm=None):
+        self.process_set_id = None
+        self.mpi_comm = None
+        self._ranks = None
+        self._my_rank = None
+        if ranks_or_comm is None:
+            return
+        if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator
+            self.mpi_comm = ranks_or_comm
+            return
+        ranks = [int(r) for r in ranks_or_comm]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"ProcessSet ranks contain duplicates: {ranks}")
+        self._ranks = sorted(ranks)
+
+    @property
+    def ranks(self):
+        return list(self._ranks) if self._ranks is not None else None
+
+    def _bind(self, process_set_id, ranks, my_global_rank):
+        self.process_set_id = process_set_id
+        self._ranks = sorted(ranks)
+        self._my_rank = (self._ranks.index(my_global_rank)
+                         if my_global_rank in self._ranks else None)
+
+    def _unbind(self):
+        self.process_set_id = None
+        self._my_rank = None
+
+    def size(self):
+        """Number of ranks in the set (None until it is registered)."""
+        if self.process_set_id is None:
+            return None
+        return len(self._ranks)
+
+    def rank(self):
+        """This process's rank within the set (None until it is registered)."""
+        if self.process_set_id is None:
+            return None
+        if self._my_rank is None:
+            raise ValueError(f"this process is not a member of {self!r}")
+        return self._my_rank
+
+    def included(self):
+        """Whether this process belongs to the set (None while its ranks are
+        unknown)."""
+        if self._ranks is None:
+            return None
+        if self.process_set_id is None:
+            from coordinator import runtime
+
+            rt = runtime.current()
+            return None if rt is None else rt.rank in self._ranks
+        return self._my_rank is not None
+
+    def __repr__(self):
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self._ranks}, "
+                f"mpi_comm={self.mpi_comm})")
+
+    __str__ = __repr__
+
+
+global_process_set = ProcessSet()
+
+
+class ProcessSetTable:
+    """The registered sets of this process, with their communicators."""
+
+    def __init__(self, my_rank):
+        self.my_rank = my_rank
+        self._lock = threading.Lock()
+        self._sets = {}  # id -> ProcessSet
+        self.comms = {}  # id -> data communicator (members only)
+
+    def register(self, process_set, process_set_id, ranks, comm):
+        with self._lock:
+            process_set._bind(process_set_id, ranks, self.my_rank)
+            self._sets[process_set_id] = process_set
+            if comm is not None:
+                self.comms[process_set_id] = comm
+
+    def unregister(self, process_set_id):
+        with self._lock:
+            ps = self._sets.pop(process_set_id, None)
+            comm = self.comms.pop(process_set_id, None)
+        if ps is not None and ps is not global_process_set:
+            ps._unbind()
+        return ps, comm
+
+    def get(self, process_set_id):
+        return self._sets.get(process_set_id)
+
+    def find(self, ranks):
+        ranks = sorted(ranks)
+        with self._lock:
+            for ps in self._sets.values():
+                if ps._ranks == ranks:
+                    return ps
+        return None
+
+    def members(self, process_set_id):
+        ps = self._sets.get(process_set_id)
+        return ps._ranks if ps is not None else None
+
+    def all(self):
+        with self._lock:
+            return dict(self._sets)
+
+    def clear(self):
+        with self._lock:
+            comms = list(self.comms.values())
+            for ps in self._sets.values():
+                ps._unbind()
+            self._sets.clear()
+            self.comms.clear()
+        return comms

@@ -1,0 +1,238 @@
+"""The process-wide runtime: communicators, topology, process sets, the
+submission queue, the handles and the background thread, created by `init`
+and torn down by `shutdown`.
+
+Exactly one `Runtime` exists per initialised process; `current()` returns it.
+Frontends (PyTorch, TensorFlow, Chainer) all submit through it, so a process
+using several frameworks still runs one background thread.
+"""
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import threading
+
+from coordinator import log as logsetup
+from coordinator.background import SHUTDOWN_TIMEOUT, Background
+from coordinator.config import Config
+from coordinator.errors import HorovodInternalError
+from coordinator.fusion import FusionBuffers
+from coordinator.handles import HandleTable
+from coordinator.liveness import PeerMonitor, describe_dead, host_identity
+from coordinator.ops import OperationManager
+from coordinator.ops.mpi_ops import MPIOps
+from coordinator.process_sets import ProcessSet, ProcessSetTable, global_process_set
+from coordinator.tensor_queue import TensorQueue
+from coordinator.timeline import NullTimeline
+from coordinator.topology import Topology
+from coordinator.wire import pb
+
+log = logging.getLogger("coordinator")
+
+_lock = threading.RLock()
+_runtime = None
+_state = {"shut_down": False, "atexit": False}
+
+
+def current():
+    return _runtime
+
+
+def was_shut_down():
+    return _state["shut_down"]
+
+
+class Runtime:
+    def __init__(self, comm=None, process_sets=None, config=None):
+        from mpi4py import MPI
+
+        self.config = config or Config.from_env()
+        logsetup.configure(self.config)
+        base = _base_comm(MPI, comm)
+        self.base_comm = base
+        self.rank = base.rank
+        self.size = base.size
+        self.control_comm = base.Dup()
+        self.data_comm = base.Dup()
+        logsetup.set_rank(self.rank)
+        self.topology = Topology.discover(base, self.config.local_size_override)
+        peers = base.allgather((host_identity(), os.getpid(), socket.gethostname()))
+        self.monitor = PeerMonitor(self.rank, peers)
+        self.fatal_error = None
+        self.queue = TensorQueue()
+        self.handles = HandleTable()
+        self.buffers = FusionBuffers()
+        self.timeline = NullTimeline()
+        self.process_sets = ProcessSetTable(self.rank)
+        self.process_sets.register(global_process_set, 0, range(self.size), self.data_comm)
+        self.initial_process_sets = {0: tuple(range(self.size))}
+        self._pending_sets = {}
+        for ps in _static_sets(process_sets):
+            self._create_static_set(ps)
+        self.ops = OperationManager([MPIOps(self.process_sets.comms, self.buffers,
+                                           self.timeline, self.rank)])
+        self.background = Background(self)
+        self.background.start()
+
+    # ---------------------------------------------------------- process sets
+    def _create_static_set(self, ps):
+        ranks = _ranks_of(ps, self.base_comm)
+        existing = self.process_sets.find(ranks)
+        if existing is not None:
+            raise ValueError(f"process set with ranks {ranks} was given twice")
+        bad = [r for r in ranks if not 0 <= r < self.size]
+        if bad or not ranks:
+            raise ValueError(f"process set ranks {ranks} are not valid for {self.size} ranks")
+        pid = len(self.initial_process_sets)
+        comm = self.data_comm.Split(0 if self.rank in ranks else _undefined(), self.rank)
+        self.process_sets.register(ps, pid, ranks, comm if self.rank in ranks else None)
+        self.initial_process_sets[pid] = tuple(ranks)
+
+    def expect_process_set(self, name, ps):
+        self._pending_sets[name] = ps
+
+    def apply_process_set_change(self, resp):
+        """Runs on the background thread, at the same point of the op order
+        on every rank (Split is collective over all ranks)."""
+        name = resp.names[0]
+        if resp.op == pb.ADD_PROCESS_SET:
+            ranks = list(resp.ranks)
+            ps = self._pending_sets.pop(name, None) or ProcessSet(ranks)
+            member = self.rank in ranks
+            comm = self.data_comm.Split(0 if member else _undefined(), self.rank)
+            self.process_sets.register(ps, resp.value, ranks, comm if member else None)
+            return ps
+        ps, comm = self.process_sets.unregister(resp.value)
+        if comm is not None:
+            comm.Free()
+        return ps is not None
+
+    def set_rank_of(self, process_set_id, global_rank):
+        members = self.process_sets.members(process_set_id)
+        return members.index(global_rank)
+
+    # ------------------------------------------------------------ failures
+    def fatal(self, exc):
+        """Fails everything in flight and refuses new work: the job cannot go
+        on (a peer died, or the background thread broke)."""
+        if self.fatal_error is None:
+            self.fatal_error = exc
+            log.error("rank %d: %s", self.rank, exc)
+        self.close_queue(lambda e: type(exc)(f"{e.describe()}: {exc}"), str(exc), exc)
+
+    def close_queue(self, make_error, reason, error=None):
+        for entry in self.queue.close(make_error):
+            if not entry.done:
+                entry.fail(error if error is not None else make_error(entry))
+
+    def check_health(self):
+        """Raises if the job cannot go on; called by threads waiting on a handle."""
+        if self.fatal_error is None:
+            found = self.monitor.check()
+            if found:
+                self.fatal(_dead_error(found))
+        if self.fatal_error is not None:
+            raise self.fatal_error
+
+    # ------------------------------------------------------------ shutdown
+    def shutdown(self):
+        bg = self.background
+        if bg.thread.is_alive():
+            bg.request_shutdown()
+            bg.thread.join(SHUTDOWN_TIMEOUT + 5)
+        self.close_queue(lambda e: ValueError(
+            f"{e.describe()}: the coordinator has been shut down; call init() first"),
+            "shutdown() was called")
+        self.monitor.close()
+        self.timeline.close()
+        self.buffers.clear()
+
+
+def _dead_error(found):
+    from coordinator.errors import RankFailedError
+
+    return RankFailedError(f"{describe_dead(found)} exited while the job was running; "
+                           "collective operations that involve it can never complete")
+
+
+def _undefined():
+    from mpi4py import MPI
+
+    return MPI.UNDEFINED
+
+
+def _base_comm(MPI, comm):
+    if comm is None:
+        return MPI.COMM_WORLD
+    if hasattr(comm, "Get_group"):
+        return comm
+    ranks = sorted(int(r) for r in comm)
+    world = MPI.COMM_WORLD
+    if world.rank not in ranks:
+        raise ValueError(f"init(comm={ranks}): this process (rank {world.rank}) is not in "
+                         "the list")
+    return world.Create_group(world.Get_group().Incl(ranks))
+
+
+def _ranks_of(ps, base):
+    if ps.mpi_comm is not None:
+        group = ps.mpi_comm.Get_group()
+        return sorted(group.Translate_ranks(list(range(group.Get_size())),
+                                            base.Get_group()))
+    return ps.ranks
+
+
+def _static_sets(process_sets):
+    if process_sets is None or isinstance(process_sets, str):
+        return []
+    out = []
+    for ps in process_sets:
+        if ps is global_process_set:
+            continue
+        if not isinstance(ps, ProcessSet):
+            ps = ProcessSet(ps)
+        out.append(ps)
+    return out
+
+
+def start(comm=None, process_sets=None, config=None):
+    global _runtime
+    with _lock:
+        if _runtime is not None:
+            raise RuntimeError(
+                "coordinator.init() was already called in this process; call shutdown() "
+                "before initialising again")
+        _runtime = Runtime(comm, process_sets, config)
+        _state["shut_down"] = False
+        if not _state["atexit"]:
+            _state["atexit"] = True
+            atexit.register(_at_exit)
+        return _runtime
+
+
+def stop():
+    global _runtime
+    with _lock:
+        rt = _runtime
+        if rt is None:
+            return
+        _runtime = None
+        _state["shut_down"] = True
+        global_process_set._unbind()
+    rt.shutdown()
+
+
+def _at_exit():
+    rt = _runtime
+    if rt is None:
+        return
+    if rt.fatal_error is not None:
+        # A peer died or the coordinator broke: leave with an error instead of
+        # blocking in MPI_Finalize on a rank that will never answer.
+        sys.stderr.write(f"coordinator: rank {rt.rank} exiting: {rt.fatal_error}\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    stop()

@@ -1,0 +1,136 @@
+"""Submitted tensors: the entry each one becomes, and the queue that hands
+them from the frontends' threads to the background thread.
+
+A name may be in flight only once per rank: submitting it again before it
+completes is a `ValueError` at once, on the submitting rank.
+"""
+
+import collections
+import threading
+import time
+
+from coordinator.ops_names import op_name
+from coordinator.response_cache import request_signature
+
+
+class Entry:
+    """One submitted tensor (or control operation) and its outcome."""
+
+    __slots__ = ("name", "op", "tensor", "output", "dtype_info", "shape", "reduce_op",
+                 "root_rank", "prescale", "postscale", "process_set_id", "device", "splits",
+                 "group", "group_size", "ranks", "submit_time", "cache_id", "event", "result",
+                 "error", "callback", "done")
+
+    def __init__(self, name, op, tensor=None, output=None, dtype_info=None, shape=(),
+                 reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
+                 device=-1, splits=(), group="", group_size=0, ranks=(), callback=None):
+        self.name = name
+        self.op = op
+        self.tensor = tensor
+        self.output = output
+        self.dtype_info = dtype_info
+        self.shape = shape
+        self.reduce_op = reduce_op
+        self.root_rank = root_rank
+        self.prescale = prescale
+        self.postscale = postscale
+        self.process_set_id = process_set_id
+        self.device = device
+        self.splits = splits
+        self.group = group
+        self.group_size = group_size
+        self.ranks = ranks
+        self.submit_time = 0.0
+        self.cache_id = 0
+        self.event = threading.Event()
+        self.result = None
+        self.error = None
+        self.callback = callback
+        self.done = False
+
+    @property
+    def wire_dtype(self):
+        return self.dtype_info.wire if self.dtype_info is not None else 0
+
+    def signature(self):
+        return request_signature(self.op, self.wire_dtype, self.shape, self.reduce_op,
+                                 self.root_rank, self.prescale, self.postscale,
+                                 self.process_set_id, self.device, self.group,
+                                 self.group_size)
+
+    def describe(self):
+        return f"{op_name(self.op)} of tensor '{self.name}'"
+
+    def finish(self, result):
+        self.result = result
+        self._complete()
+
+    def fail(self, error):
+        self.error = error
+        self._complete()
+
+    def _complete(self):
+        self.done = True
+        self.tensor = None  # the frontend's buffer is no longer needed
+        self.event.set()
+        if self.callback is not None:
+            self.callback(self)
+
+
+class TensorQueue:
+    """Frontend threads push; the background thread drains and completes."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._queue = collections.deque()
+        self._inflight = {}  # name -> Entry, from push until completion
+        self.wakeup = threading.Event()
+        self._closed = None  # exception raised by push once closed
+
+    def push(self, entry):
+        with self._lock:
+            if self._closed is not None:
+                raise self._closed(entry)
+            if entry.name in self._inflight:
+                raise ValueError(
+                    f"{entry.describe()}: a tensor with this name is already in flight on "
+                    "this rank; wait for it (synchronize) or use a different name")
+            entry.submit_time = time.time()
+            self._inflight[entry.name] = entry
+            self._queue.append(entry)
+        self.wakeup.set()
+
+    def drain(self):
+        """Entries pushed since the last drain, in push order."""
+        if not self._queue:
+            return ()
+        with self._lock:
+            items = list(self._queue)
+            self._queue.clear()
+        return items
+
+    def get(self, name):
+        return self._inflight.get(name)
+
+    def complete(self, entry, result=None, error=None):
+        with self._lock:
+            if self._inflight.get(entry.name) is entry:
+                del self._inflight[entry.name]
+        if error is not None:
+            entry.fail(error)
+        else:
+            entry.finish(result)
+
+    def inflight_count(self):
+        return len(self._inflight)
+
+    def close(self, make_error):
+        """Refuse new entries (`make_error(entry)` is raised) and return every
+        entry still in flight, which the caller fails."""
+        with self._lock:
+            self._closed = make_error
+            entries = list(self._inflight.values())
+            self._inflight.clear()
+            self._queue.clear()
+        self.wakeup.set()
+        return entries
