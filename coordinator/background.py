@@ -96,6 +96,7 @@ class Background:
         self._next_liveness = 0.0
         self._next_stall_check = 0.0
         self.turns = 0
+        self.stats = {"cached_requests": 0, "full_requests": 0, "responses": 0}
         self.thread = threading.Thread(target=self._main, name="coordinator-background",
                                        daemon=True)
 
@@ -182,11 +183,13 @@ class Background:
             if self.cache_enabled and e.op in CACHEABLE:
                 cache_id = self.cache.lookup(e.name, e.signature())
                 if cache_id:
+                    self.stats["cached_requests"] += 1
                     e.cache_id = cache_id
                     self.sent_by_id[cache_id] = e
                     rl.cached.add(cache_id=cache_id, submit_time=e.submit_time)
                     continue
             e.cache_id = 0
+            self.stats["full_requests"] += 1
             req = rl.requests.add(name=e.name, op=e.op, shape=e.shape,
                                   process_set_id=e.process_set_id, device=e.device,
                                   submit_time=e.submit_time)
@@ -352,6 +355,7 @@ class Background:
                      shape=shape, process_set_id=resp.process_set_id, device=resp.device)
 
     def _execute(self, resp):
+        self.stats["responses"] += 1
         try:
             entries = self._collect(resp)
         except HorovodInternalError as exc:

@@ -1,0 +1,380 @@
+"""Multi-rank cases for the core API over NumPy (run by tests/test_core_mpi.py).
+
+Every rank can compute every other rank's input (`data`), so each case checks
+its result against the NumPy computation of the expected value.
+"""
+
+import numpy as np
+
+try:
+    import ml_dtypes
+
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    BF16 = None
+
+REDUCE_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
+                 np.float64]
+ALL_DTYPES = REDUCE_DTYPES + [np.bool_]
+
+
+def data(rank, shape, dtype, seed=0):
+    rng = np.random.default_rng(1000 * seed + rank)
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.kind in "iu":
+        return rng.integers(1, 5, size=shape).astype(dtype)
+    return rng.integers(-8, 8, size=shape).astype(np.float32).astype(dtype)
+
+
+def all_data(hvd, shape, dtype, seed=0):
+    return [data(r, shape, dtype, seed) for r in range(hvd.size())]
+
+
+def expect_raises(exc_type, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc_type as exc:
+        return exc
+    raise AssertionError(f"{fn.__name__} did not raise {exc_type.__name__}")
+
+
+def assert_equal(actual, expected, what=""):
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    np.testing.assert_array_equal(actual.astype(np.float64) if actual.dtype == BF16 else actual,
+                                  expected.astype(np.float64) if expected.dtype == BF16
+                                  else expected, err_msg=what)
+
+
+# ------------------------------------------------------------------ allreduce
+def case_allreduce_every_dtype_and_op(hvd):
+    n = hvd.size()
+    for dtype in REDUCE_DTYPES:
+        inputs = all_data(hvd, (3, 4), dtype, seed=1)
+        mine = inputs[hvd.rank()]
+        stacked = np.stack(inputs)
+        expected = {
+            hvd.Sum: stacked.sum(axis=0, dtype=dtype),
+            hvd.Min: stacked.min(axis=0),
+            hvd.Max: stacked.max(axis=0),
+            hvd.Product: stacked.prod(axis=0, dtype=dtype),
+        }
+        for op, exp in expected.items():
+            out = hvd.allreduce(mine, op=op, name=f"ar.{np.dtype(dtype).name}.{op}")
+            assert_equal(out, exp.astype(dtype), f"{np.dtype(dtype).name} op {op}")
+        avg = hvd.allreduce(mine, name=f"ar.{np.dtype(dtype).name}.avg")
+        exp = stacked.astype(np.float64).sum(axis=0) / n
+        if np.dtype(dtype).kind in "iu":
+            exp = np.trunc(exp)
+        np.testing.assert_allclose(avg.astype(np.float64), exp, rtol=1e-3,
+                                   err_msg=f"average {np.dtype(dtype).name}")
+        assert avg.dtype == np.dtype(dtype)
+
+
+def case_allreduce_bfloat16(hvd):
+    if BF16 is None:
+        return
+    inputs = all_data(hvd, (17,), BF16, seed=2)
+    out = hvd.allreduce(inputs[hvd.rank()], op=hvd.Sum, name="ar.bf16")
+    exp = np.stack([i.astype(np.float32) for i in inputs]).sum(axis=0).astype(BF16)
+    assert_equal(out, exp, "bfloat16 sum")
+    mx = hvd.allreduce(inputs[hvd.rank()], op=hvd.Max, name="ar.bf16.max")
+    assert_equal(mx, np.stack(inputs).astype(np.float32).max(axis=0).astype(BF16), "bf16 max")
+
+
+def case_allreduce_prescale_postscale(hvd):
+    inputs = all_data(hvd, (10,), np.float64, seed=3)
+    out = hvd.allreduce(inputs[hvd.rank()], op=hvd.Sum, prescale_factor=0.5,
+                        postscale_factor=3.0, name="ar.scaled")
+    np.testing.assert_allclose(out, 3.0 * sum(0.5 * i for i in inputs))
+    avg = hvd.allreduce(inputs[hvd.rank()], op=hvd.Average, postscale_factor=2.0,
+                        name="ar.scaled.avg")
+    np.testing.assert_allclose(avg, 2.0 * sum(inputs) / hvd.size())
+
+
+def case_allreduce_in_place_and_output(hvd):
+    inputs = all_data(hvd, (4, 5), np.float32, seed=4)
+    buf = inputs[hvd.rank()].copy()
+    res = hvd.allreduce(buf, op=hvd.Sum, name="ar.inplace", output=buf)
+    assert res is buf
+    assert_equal(buf, np.sum(inputs, axis=0, dtype=np.float32))
+    out = np.empty((4, 5), np.float32)
+    res = hvd.allreduce(inputs[hvd.rank()], op=hvd.Sum, name="ar.out", output=out)
+    assert res is out
+    assert_equal(out, np.sum(inputs, axis=0, dtype=np.float32))
+
+
+def case_allreduce_scalar_and_empty(hvd):
+    out = hvd.allreduce(np.float32(hvd.rank()), op=hvd.Sum, name="ar.scalar")
+    assert out.shape == () and out == sum(range(hvd.size()))
+    empty = hvd.allreduce(np.zeros((0, 3), np.float32), name="ar.empty")
+    assert empty.shape == (0, 3)
+
+
+def case_allreduce_any_submission_order(hvd):
+    """Ranks submit the same names in different orders; negotiation is by name."""
+    names = [f"order.{i}" for i in range(12)]
+    order = names if hvd.rank() % 2 == 0 else names[::-1]
+    handles = {nm: hvd.allreduce_async(np.full(3, int(nm.split(".")[1]) + hvd.rank(),
+                                               np.int64), op=hvd.Sum, name=nm)
+               for nm in order}
+    n = hvd.size()
+    for nm, h in handles.items():
+        i = int(nm.split(".")[1])
+        assert_equal(hvd.synchronize(h), np.full(3, n * i + sum(range(n)), np.int64), nm)
+
+
+def case_allreduce_many_async_fused(hvd):
+    shapes = [(i % 7 + 1, 3) for i in range(40)]
+    dtypes = [np.float32, np.float64, np.int32]
+    handles = []
+    for i, shape in enumerate(shapes):
+        dt = dtypes[i % 3]
+        handles.append((hvd.allreduce_async(data(hvd.rank(), shape, dt, seed=i), op=hvd.Sum,
+                                            name=f"fuse.{i}"), shape, dt, i))
+    for h, shape, dt, i in handles:
+        exp = np.sum([data(r, shape, dt, seed=i) for r in range(hvd.size())], axis=0,
+                     dtype=dt)
+        assert_equal(hvd.synchronize(h), exp, f"fuse.{i}")
+
+
+def case_allreduce_unnamed_in_same_order(hvd):
+    a = hvd.allreduce(np.ones(3), op=hvd.Sum)
+    b = hvd.allreduce(np.full(2, 2.0), op=hvd.Sum)
+    assert_equal(a, np.full(3, float(hvd.size())))
+    assert_equal(b, np.full(2, 2.0 * hvd.size()))
+
+
+def case_grouped_allreduce(hvd):
+    tensors = [data(hvd.rank(), (i + 1, 2), np.float32, seed=10 + i) for i in range(5)]
+    outs = hvd.grouped_allreduce(tensors, op=hvd.Sum, name="grp")
+    assert isinstance(outs, list) and len(outs) == 5
+    for i, out in enumerate(outs):
+        exp = np.sum([data(r, (i + 1, 2), np.float32, seed=10 + i) for r in range(hvd.size())],
+                     axis=0, dtype=np.float32)
+        assert_equal(out, exp, f"group member {i}")
+    h = hvd.grouped_allreduce_async([np.ones(2), np.ones(3)], op=hvd.Average, name="grp2")
+    assert [o.tolist() for o in hvd.synchronize(h)] == [[1.0, 1.0], [1.0, 1.0, 1.0]]
+
+
+def case_steady_state_uses_response_cache(hvd):
+    from coordinator import runtime
+
+    bg = runtime.current().background
+    before = len(bg.cache)
+    for step in range(5):
+        hs = [hvd.allreduce_async(np.full(4, float(step)), op=hvd.Sum, name=f"steady.{i}")
+              for i in range(6)]
+        for h in hs:
+            assert_equal(hvd.synchronize(h), np.full(4, float(step) * hvd.size()))
+    assert len(bg.cache) >= before + 6, (before, len(bg.cache))
+    assert bg.stats["cached_requests"] >= 6 * 3, bg.stats
+
+
+# ------------------------------------------------------------------ allgather
+def case_allgather_ragged_every_dtype(hvd):
+    for dtype in ALL_DTYPES + ([BF16] if BF16 is not None else []):
+        parts = [data(r, (r + 1, 3), dtype, seed=20) for r in range(hvd.size())]
+        out = hvd.allgather(parts[hvd.rank()], name=f"ag.{np.dtype(dtype).name}")
+        assert_equal(out, np.concatenate(parts), f"allgather {np.dtype(dtype).name}")
+
+
+def case_allgather_zero_rows_on_a_rank(hvd):
+    parts = [np.full((0 if r == 0 else 2, 2), r, np.int32) for r in range(hvd.size())]
+    out = hvd.allgather(parts[hvd.rank()], name="ag.zero")
+    assert_equal(out, np.concatenate(parts))
+
+
+def case_grouped_and_fused_allgather(hvd):
+    tensors = [np.full((hvd.rank() + i + 1, 2), 10 * i + hvd.rank(), np.float32)
+               for i in range(4)]
+    outs = hvd.grouped_allgather(tensors, name="gag")
+    for i, out in enumerate(outs):
+        exp = np.concatenate([np.full((r + i + 1, 2), 10 * i + r, np.float32)
+                              for r in range(hvd.size())])
+        assert_equal(out, exp, f"grouped allgather {i}")
+    hs = [hvd.allgather_async(np.full((hvd.rank() + 1,), i, np.int64), name=f"agf.{i}")
+          for i in range(10)]
+    for i, h in enumerate(hs):
+        exp = np.concatenate([np.full((r + 1,), i, np.int64) for r in range(hvd.size())])
+        assert_equal(hvd.synchronize(h), exp)
+
+
+# ------------------------------------------------------------------ broadcast
+def case_broadcast_from_every_root(hvd):
+    for root in range(hvd.size()):
+        for dtype in ALL_DTYPES:
+            mine = data(hvd.rank(), (2, 3), dtype, seed=30 + root)
+            out = hvd.broadcast(mine, root_rank=root,
+                                name=f"bc.{root}.{np.dtype(dtype).name}")
+            assert_equal(out, data(root, (2, 3), dtype, seed=30 + root))
+
+
+def case_broadcast_in_place_and_fused(hvd):
+    buf = np.full(5, hvd.rank(), np.int32)
+    hvd.broadcast(buf, root_rank=0, name="bc.inplace", output=buf)
+    assert_equal(buf, np.zeros(5, np.int32))
+    hs = [hvd.broadcast_async(np.full((i + 1,), hvd.rank() + i, np.float64 if i % 2 else
+                                      np.int16), root_rank=1, name=f"bcf.{i}")
+          for i in range(12)]
+    for i, h in enumerate(hs):
+        out = hvd.synchronize(h)
+        assert out.tolist() == [1 + i] * (i + 1)
+
+
+# ------------------------------------------------------------------- alltoall
+def case_alltoall_uneven_splits(hvd):
+    n, me = hvd.size(), hvd.rank()
+    # rank r sends (r + j) % 3 + 1 rows to rank j, valued 100 * r + j
+    def splits_of(r):
+        return [(r + j) % 3 + 1 for j in range(n)]
+
+    rows = np.concatenate([np.full((s, 2), 100 * me + j, np.float32)
+                           for j, s in enumerate(splits_of(me))])
+    out, received = hvd.alltoall(rows, splits=splits_of(me), name="a2a")
+    exp = np.concatenate([np.full((splits_of(r)[me], 2), 100 * r + me, np.float32)
+                          for r in range(n)])
+    assert_equal(out, exp)
+    assert list(received) == [splits_of(r)[me] for r in range(n)]
+
+
+def case_alltoall_even_default(hvd):
+    n, me = hvd.size(), hvd.rank()
+    out = hvd.alltoall(np.arange(2 * n, dtype=np.int64) + 1000 * me, name="a2a.even")
+    exp = np.concatenate([np.arange(2 * me, 2 * me + 2) + 1000 * r for r in range(n)])
+    assert_equal(out, exp)
+    h = hvd.alltoall_async(np.arange(n, dtype=np.int8), name="a2a.async")
+    out, received = hvd.synchronize(h)
+    assert list(received) == [1] * n
+
+
+# -------------------------------------------------------------- reducescatter
+def case_reducescatter_sum_and_average_uneven(hvd):
+    n, me = hvd.size(), hvd.rank()
+    for rows in (n, 2 * n + 1, 7):
+        inputs = all_data(hvd, (rows, 3), np.float64, seed=40 + rows)
+        total = np.sum(inputs, axis=0)
+        base, extra = divmod(rows, n)
+        counts = [base + (1 if r < extra else 0) for r in range(n)]
+        start = sum(counts[:me])
+        out = hvd.reducescatter(inputs[me], op=hvd.Sum, name=f"rs.{rows}")
+        np.testing.assert_allclose(out, total[start:start + counts[me]])
+        avg = hvd.reducescatter(inputs[me], name=f"rs.avg.{rows}")
+        np.testing.assert_allclose(avg, total[start:start + counts[me]] / n)
+
+
+def case_grouped_reducescatter(hvd):
+    n, me = hvd.size(), hvd.rank()
+    tensors = [np.full((n * (i + 1), 2), i + me, np.int32) for i in range(3)]
+    outs = hvd.grouped_reducescatter(tensors, op=hvd.Sum, name="grs")
+    for i, out in enumerate(outs):
+        assert_equal(out, np.full((i + 1, 2), n * i + sum(range(n)), np.int32))
+
+
+# ----------------------------------------------------------- barrier and join
+def case_barrier(hvd):
+    for _ in range(3):
+        hvd.barrier()
+
+
+def case_join_contributes_zeros_and_returns_last_rank(hvd):
+    n, me = hvd.size(), hvd.rank()
+    last = n - 1
+    if me == last:
+        result = hvd.join()
+    else:
+        out = hvd.allreduce(np.full(3, me + 1.0), op=hvd.Sum, name="join.sum")
+        exp = sum(r + 1.0 for r in range(n) if r != last)
+        assert_equal(out, np.full(3, exp))
+        avg = hvd.allreduce(np.full(2, 4.0), name="join.avg")
+        # Average divides by the whole set, as in Horovod.
+        assert_equal(avg, np.full(2, 4.0 * (n - 1) / n))
+        result = hvd.join()
+    assert result in range(n)
+    assert hvd.allreduce(np.array([result]), op=hvd.Max, name="join.agree")[0] == result
+
+
+# --------------------------------------------------------------------- errors
+def _check_mismatch(exc, *fragments):
+    text = str(exc)
+    for frag in fragments:
+        assert frag in text, f"{frag!r} not in {text!r}"
+
+
+def case_mismatched_shapes_names_the_ranks_on_every_rank(hvd):
+    n, me = hvd.size(), hvd.rank()
+    shape = (5,) if me == 1 else (4,)
+    exc = expect_raises(hvd.TensorMismatchError, hvd.allreduce, np.ones(shape), name="bad.shape")
+    others = ", ".join(str(r) for r in range(n) if r != 1)
+    label = "rank 0" if n == 2 else f"ranks {others}"
+    _check_mismatch(exc, "Mismatched shape", "allreduce", "'bad.shape'")
+    import re
+
+    assert re.search(r"rank 1 sent (shape )?\(5,\)", str(exc)), str(exc)
+    assert re.search(rf"{label} sent (shape )?\(4,\)", str(exc)), str(exc)
+    assert isinstance(exc, hvd.HorovodInternalError) and isinstance(exc, RuntimeError)
+    # The job goes on.
+    assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.shape"), np.full(2, n * 1.0))
+
+
+def case_mismatched_dtype_op_root_scale_and_reduce_op(hvd):
+    me = hvd.rank()
+    odd = me == hvd.size() - 1
+    exc = expect_raises(hvd.TensorMismatchError, hvd.allreduce,
+                        np.ones(3, np.int32 if odd else np.float32), name="bad.dtype")
+    import re
+
+    assert re.search(rf"rank {hvd.size() - 1} sent (dtype )?int32", str(exc)), str(exc)
+    _check_mismatch(exc, "Mismatched dtype", "float32")
+    exc = expect_raises(hvd.TensorMismatchError, hvd.allreduce, np.ones(3),
+                        op=hvd.Max if odd else hvd.Sum, name="bad.op")
+    _check_mismatch(exc, "reduce op", "Max", "Sum")
+    exc = expect_raises(hvd.TensorMismatchError, hvd.broadcast, np.ones(3),
+                        root_rank=1 if odd else 0, name="bad.root")
+    _check_mismatch(exc, "root rank", "broadcast")
+    exc = expect_raises(hvd.TensorMismatchError, hvd.allreduce, np.ones(3),
+                        prescale_factor=2.0 if odd else 1.0, name="bad.scale")
+    _check_mismatch(exc, "prescale factor", "2.0", "1.0")
+    if odd:
+        exc = expect_raises(hvd.TensorMismatchError, hvd.allgather, np.ones(3), name="bad.kind")
+    else:
+        exc = expect_raises(hvd.TensorMismatchError, hvd.allreduce, np.ones(3), name="bad.kind")
+    _check_mismatch(exc, "operation", "allgather", "allreduce")
+    assert hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.mismatch")[0] == hvd.size()
+
+
+def case_duplicate_name_in_flight_is_value_error(hvd):
+    h = hvd.allreduce_async(np.ones(2), name="dup")
+    exc = expect_raises(ValueError, hvd.allreduce_async, np.ones(2), name="dup")
+    assert "dup" in str(exc) and "in flight" in str(exc)
+    hvd.synchronize(h)
+    hvd.synchronize(hvd.allreduce_async(np.ones(2), name="dup"))  # free again
+
+
+def case_invalid_inputs_give_clear_errors(hvd):
+    exc = expect_raises(ValueError, hvd.allreduce, np.ones(2, np.complex64), name="cplx")
+    assert "complex64" in str(exc) and "not supported" in str(exc)
+    exc = expect_raises(ValueError, hvd.allreduce, np.ones(2, bool), name="boolsum")
+    assert "cannot be reduced" in str(exc)
+    exc = expect_raises(ValueError, hvd.reducescatter, np.ones(4), op=hvd.Min, name="rsmin")
+    assert "Sum and Average" in str(exc)
+    exc = expect_raises(ValueError, hvd.allreduce, np.ones(4), name="ncout",
+                        output=np.ones((4, 2))[:, 0])
+    assert "output" in str(exc)
+    exc = expect_raises(ValueError, hvd.broadcast, np.ones(2), root_rank=hvd.size(),
+                        name="badroot")
+    assert "root rank" in str(exc)
+    exc = expect_raises(ValueError, hvd.alltoall, np.ones(3), splits=[1] * (hvd.size() + 1),
+                        name="badsplits")
+    assert "splits" in str(exc)
+
+
+def case_non_contiguous_input_is_copied(hvd):
+    base = np.arange(20, dtype=np.float64).reshape(4, 5)
+    view = base[:, ::2]
+    out = hvd.allreduce(view, op=hvd.Sum, name="noncontig")
+    assert_equal(out, view * hvd.size())

@@ -1,0 +1,111 @@
+"""Runs multi-rank test cases under mpirun and reports each case's outcome.
+
+A case module (tests/mpi/*.py) defines functions `case_<name>(hvd)` that every
+rank runs, in definition order, in ONE mpirun job per rank count: MPI start-up
+is paid once per module, not once per case. Each rank records, per case,
+"ok" or the error it raised; a case passes when it passed on every rank.
+Cases that hang are bounded by per-case timeouts inside the job and by a
+timeout on the whole job.
+
+Usage from a test file:
+
+    RESULTS = CaseResults("tests/mpi/core_cases.py")
+
+    @pytest.mark.parametrize("np_", [2, 3])
+    def test_allreduce_sum(np_):
+        RESULTS.check("allreduce_sum", np_)
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNNER = os.path.join(ROOT, "tests", "mpi_runner.py")
+
+
+def mpirun_path():
+    venv_bin = os.path.dirname(sys.executable)
+    for candidate in (os.path.join(venv_bin, "mpirun"), shutil.which("mpirun")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    pytest.skip("no mpirun found")
+
+
+def mpi_env(extra=None):
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+        "PYTHONUNBUFFERED": "1",
+        # Keep tests robust on 2 oversubscribed cores.
+        "OMPI_MCA_mpi_yield_when_idle": "1",
+    })
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def mpirun(args, np_=2, env=None, timeout=180):
+    """Runs `python args...` on np_ ranks; returns the CompletedProcess."""
+    cmd = [mpirun_path(), "-n", str(np_), "--oversubscribe", "--bind-to", "none",
+           sys.executable] + list(args)
+    return subprocess.run(cmd, env=mpi_env(env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class CaseResults:
+    def __init__(self, module, env=None, timeout=300, case_timeout=60):
+        self.module = os.path.join(ROOT, module)
+        self.env = env or {}
+        self.timeout = timeout
+        self.case_timeout = case_timeout
+        self._runs = {}
+
+    def run(self, np_):
+        if np_ not in self._runs:
+            self._runs[np_] = self._launch(np_)
+        return self._runs[np_]
+
+    def _launch(self, np_):
+        outdir = tempfile.mkdtemp(prefix="mpicases-")
+        env = dict(self.env)
+        env["CASE_RESULTS_DIR"] = outdir
+        env["CASE_TIMEOUT"] = self.case_timeout
+        try:
+            proc = mpirun([RUNNER, self.module], np_=np_, env=env, timeout=self.timeout)
+            output = proc.stdout + proc.stderr
+            rc = proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            output = f"TIMEOUT after {self.timeout}s\n{exc.stdout or ''}{exc.stderr or ''}"
+            rc = None
+        per_rank = {}
+        for fname in sorted(os.listdir(outdir)):
+            rank = int(fname.split(".")[0])
+            with open(os.path.join(outdir, fname)) as f:
+                per_rank[rank] = [json.loads(line) for line in f if line.strip()]
+        shutil.rmtree(outdir, ignore_errors=True)
+        return {"rc": rc, "output": output, "ranks": per_rank}
+
+    def check(self, case, np_):
+        run = self.run(np_)
+        outcomes = {}
+        for rank, records in run["ranks"].items():
+            for rec in records:
+                if rec["case"] == case:
+                    outcomes[rank] = rec
+        missing = [r for r in range(np_) if r not in outcomes]
+        tail = run["output"][-4000:]
+        if missing:
+            pytest.fail(f"case {case} at np={np_}: no result from ranks {missing} "
+                        f"(job rc={run['rc']})\n{tail}")
+        failed = {r: rec["error"] for r, rec in outcomes.items() if rec["status"] != "ok"}
+        if failed:
+            lines = "\n".join(f"  rank {r}: {err}" for r, err in sorted(failed.items()))
+            pytest.fail(f"case {case} at np={np_} failed:\n{lines}")
