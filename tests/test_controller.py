@@ -1,0 +1,279 @@
+"""Rank 0's decisions without MPI: feed request lists, check the plans."""
+
+import pytest
+
+from coordinator.controller import Controller
+from coordinator.stall_inspector import StallInspector
+from coordinator.wire import pb
+
+F32 = pb.FLOAT32
+
+
+def req(name, shape=(4,), op=pb.ALLREDUCE, dtype=F32, **kw):
+    return pb.Request(name=name, op=op, dtype=dtype, shape=shape,
+                      reduce_op=kw.pop("reduce_op", pb.SUM), prescale=kw.pop("prescale", 1.0),
+                      postscale=kw.pop("postscale", 1.0), **kw)
+
+
+def submit(ctl, rank, *requests, cached=()):
+    rl = pb.RequestList(requests=list(requests))
+    for cid in cached:
+        rl.cached.add(cache_id=cid)
+    ctl.submit(rank, rl)
+
+
+def names(plan):
+    return list(plan.response.names) + [f"#{c}" for c in plan.response.cache_ids]
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_tensor_runs_only_once_every_rank_submitted_in_any_order():
+    ctl = Controller(3)
+    submit(ctl, 2, req("b"), req("a"))
+    submit(ctl, 0, req("a"))
+    assert ctl.take_plans() == []
+    submit(ctl, 1, req("a"))
+    plans = ctl.take_plans()
+    assert [names(p) for p in plans] == [["a"]]
+    assert plans[0].recipients == (0, 1, 2)
+    submit(ctl, 0, req("b"))
+    submit(ctl, 1, req("b"))
+    assert [names(p) for p in ctl.take_plans()] == [["b"]]
+    assert not ctl.has_pending()
+
+
+def test_ready_tensors_fuse_by_dtype_and_op_up_to_the_threshold():
+    ctl = Controller(2, fusion_threshold=40)  # 10 float32
+    batch = [req("a", (4,)), req("b", (4,)), req("c", (4,), dtype=pb.FLOAT64), req("d", (2,)),
+             req("e", (4,), reduce_op=pb.MAX), req("f", (20,))]
+    for rank in (0, 1):
+        submit(ctl, rank, *batch)
+    plans = ctl.take_plans()
+    # a, b and d fill exactly 40 bytes; c is float64, e is Max, and f is
+    # bigger than the threshold, so it goes alone.
+    assert [names(p) for p in plans] == [["a", "b", "d"], ["c"], ["e"], ["f"]]
+
+
+def test_threshold_zero_disables_fusion():
+    ctl = Controller(2, fusion_threshold=0)
+    for rank in (0, 1):
+        submit(ctl, rank, req("a"), req("b"))
+    assert [names(p) for p in ctl.take_plans()] == [["a"], ["b"]]
+
+
+def test_fused_broadcasts_share_a_buffer_across_dtypes_but_not_roots():
+    ctl = Controller(2)
+    batch = [req("x", op=pb.BROADCAST, root_rank=0), req("y", op=pb.BROADCAST, root_rank=0,
+                                                           dtype=pb.INT64),
+             req("z", op=pb.BROADCAST, root_rank=1)]
+    for rank in (0, 1):
+        submit(ctl, rank, *batch)
+    assert [names(p) for p in ctl.take_plans()] == [["x", "y"], ["z"]]
+
+
+def test_allgather_response_carries_each_ranks_first_dimension():
+    ctl = Controller(3)
+    for rank in range(3):
+        submit(ctl, rank, req("g", (rank + 1, 2), op=pb.ALLGATHER))
+    (plan,) = ctl.take_plans()
+    assert list(plan.response.sizes) == [1, 2, 3]
+
+
+def test_mismatched_shapes_name_each_value_and_its_ranks():
+    ctl = Controller(3)
+    submit(ctl, 0, req("w", (4,)))
+    submit(ctl, 1, req("w", (5,)))
+    submit(ctl, 2, req("w", (4,)))
+    (plan,) = ctl.take_plans()
+    assert plan.response.error == ("Mismatched shape for allreduce of tensor 'w': rank 1 sent "
+                                   "shape (5,); ranks 0, 2 sent (4,).")
+    assert plan.response.error_kind == pb.MISMATCH
+    assert plan.recipients == (0, 1, 2)
+
+
+def test_mismatched_dtype_and_reduce_op_are_both_reported():
+    ctl = Controller(2)
+    submit(ctl, 0, req("w"))
+    submit(ctl, 1, req("w", dtype=pb.INT32, reduce_op=pb.MAX))
+    (plan,) = ctl.take_plans()
+    err = plan.response.error
+    assert "Mismatched dtype" in err and "int32" in err and "float32" in err
+    assert "Mismatched reduce op" in err and "Max" in err and "Sum" in err
+
+
+def test_mismatched_operation_is_reported_alone():
+    ctl = Controller(2)
+    submit(ctl, 0, req("w"))
+    submit(ctl, 1, req("w", op=pb.ALLGATHER))
+    (plan,) = ctl.take_plans()
+    assert plan.response.error.startswith("Mismatched operation")
+    assert "rank 1 sent" in plan.response.error and "allgather" in plan.response.error
+
+
+def test_process_set_mismatch_fails_at_once_and_later_submitters_too():
+    ctl = Controller(3)
+    ctl.register_process_set(1, [0, 1])
+    submit(ctl, 0, req("p", process_set_id=1))
+    submit(ctl, 2, req("p", process_set_id=0))
+    (plan,) = ctl.take_plans()
+    assert "Mismatched process set" in plan.response.error
+    assert plan.recipients == (0, 2)
+    submit(ctl, 1, req("p", process_set_id=1))
+    (late,) = ctl.take_plans()
+    assert late.recipients == (1,) and "Mismatched process set" in late.response.error
+
+
+def test_process_set_restricts_who_must_submit():
+    ctl = Controller(4)
+    ctl.register_process_set(1, [1, 3])
+    submit(ctl, 1, req("s", process_set_id=1))
+    submit(ctl, 3, req("s", process_set_id=1))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (1, 3) and not plan.response.error
+    submit(ctl, 0, req("s2", process_set_id=1))
+    (bad,) = ctl.take_plans()
+    assert bad.recipients == (0,) and "does not include it" in bad.response.error
+
+
+def test_broadcast_root_outside_the_set_is_an_error():
+    ctl = Controller(3)
+    ctl.register_process_set(1, [0, 1])
+    for rank in (0, 1):
+        submit(ctl, rank, req("b", op=pb.BROADCAST, root_rank=2, process_set_id=1))
+    (plan,) = ctl.take_plans()
+    assert "root rank 2 is not a member" in plan.response.error
+
+
+def test_steady_state_uses_cache_ids_and_skips_names():
+    ctl = Controller(2)
+    for rank in (0, 1):
+        submit(ctl, rank, req("a"), req("b"))
+    (first,) = ctl.take_plans()
+    ids = list(first.response.new_cache_ids)
+    assert all(ids) and len(set(ids)) == 2
+    for rank in (0, 1):
+        submit(ctl, rank, cached=ids)
+    (second,) = ctl.take_plans()
+    assert list(second.response.names) == [] and list(second.response.cache_ids) == ids
+
+
+def test_one_rank_sending_in_full_falls_back_to_names():
+    ctl = Controller(2)
+    for rank in (0, 1):
+        submit(ctl, rank, req("a"))
+    (first,) = ctl.take_plans()
+    cid = first.response.new_cache_ids[0]
+    submit(ctl, 0, cached=[cid])
+    submit(ctl, 1, req("a"))
+    (plan,) = ctl.take_plans()
+    assert list(plan.response.names) == ["a"] and list(plan.response.new_cache_ids) == [cid]
+
+
+def test_cache_eviction_is_announced_and_stale_ids_are_resent():
+    ctl = Controller(2, cache_capacity=2)
+    for name in ("a", "b", "c"):
+        for rank in (0, 1):
+            submit(ctl, rank, req(name))
+    plans = ctl.take_plans()
+    ids = [p.response.new_cache_ids[0] for p in plans]
+    evicted, seq = ctl.cache.evictions_since(0)
+    assert evicted == [ids[0]] and seq == 1
+    submit(ctl, 1, cached=[ids[0]])
+    assert ctl.take_resends() == {1: [ids[0]]}
+    assert ctl.take_plans() == []
+
+
+def test_changed_shape_replaces_the_cache_entry():
+    ctl = Controller(2)
+    for rank in (0, 1):
+        submit(ctl, rank, req("a", (4,)))
+    old = ctl.take_plans()[0].response.new_cache_ids[0]
+    for rank in (0, 1):
+        submit(ctl, rank, req("a", (8,)))
+    new = ctl.take_plans()[0].response.new_cache_ids[0]
+    assert new != old and ctl.cache.get(old) is None
+    assert ctl.cache.evictions_since(0)[0] == [old]
+
+
+def test_joined_rank_counts_as_ready_and_gets_specs():
+    ctl = Controller(3)
+    submit(ctl, 2, pb.Request(name="join", op=pb.JOIN))
+    submit(ctl, 0, req("j", (3,)))
+    submit(ctl, 1, req("j", (3,)))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (0, 1, 2)
+    assert list(plan.response.joined_ranks) == [2]
+    assert plan.response.specs[0].name == "j" and list(plan.response.specs[0].shape) == [3]
+    submit(ctl, 0, pb.Request(name="join", op=pb.JOIN))
+    assert ctl.take_plans() == []
+    submit(ctl, 1, pb.Request(name="join", op=pb.JOIN))
+    (done,) = ctl.take_plans()
+    assert done.response.op == pb.JOIN and done.response.value == 1
+    assert done.recipients == (0, 1, 2)
+
+
+def test_grouped_tensors_wait_for_the_whole_group():
+    ctl = Controller(2)
+    g1 = req("g_1of2", group="g", group_size=2)
+    g2 = req("g_2of2", group="g", group_size=2)
+    submit(ctl, 0, g1, g2)
+    submit(ctl, 1, g1)
+    assert ctl.take_plans() == []
+    submit(ctl, 1, g2)
+    assert [names(p) for p in ctl.take_plans()] == [["g_1of2", "g_2of2"]]
+
+
+def test_stall_warning_names_missing_ranks_and_expiry_fails_them():
+    clock = FakeClock()
+    inspector = StallInspector(check_time=5, shutdown_time=10)
+    ctl = Controller(3, stall_inspector=inspector, clock=clock)
+    submit(ctl, 0, req("slow"))
+    submit(ctl, 2, req("slow"))
+    clock.now += 6
+    (warning,) = ctl.inspect_stalls()
+    assert "'slow'" in warning and "rank 1 did not submit it" in warning and "6.0 s" in warning
+    assert ctl.inspect_stalls() == []  # not repeated within the check period
+    clock.now += 5
+    assert ctl.inspect_stalls() == []
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (0, 2) and plan.response.error_kind == pb.STALL
+    assert "rank 1 did not submit it" in plan.response.error
+    submit(ctl, 1, req("slow"))
+    (late,) = ctl.take_plans()
+    assert late.recipients == (1,) and late.response.error_kind == pb.STALL
+
+
+def test_cycle_time_holds_ready_tensors_to_fuse_more():
+    clock = FakeClock()
+    ctl = Controller(2, cycle_time=0.005, clock=clock)
+    for rank in (0, 1):
+        submit(ctl, rank, req("a"))
+    assert ctl.take_plans() == []
+    assert ctl.next_deadline() == pytest.approx(100.005)
+    for rank in (0, 1):
+        submit(ctl, rank, req("b"))
+    clock.now += 0.006
+    assert [names(p) for p in ctl.take_plans()] == [["a", "b"]]
+
+
+def test_shutdown_request_is_recorded_with_the_rank():
+    ctl = Controller(2)
+    ctl.submit(1, pb.RequestList(shutdown=True))
+    assert ctl.shutdown_reason == "rank 1 called shutdown()"
+
+
+def test_add_process_set_is_planned_for_every_rank_with_a_new_id():
+    ctl = Controller(3)
+    for rank in range(3):
+        submit(ctl, rank, pb.Request(name="ps", op=pb.ADD_PROCESS_SET, ranks=[0, 2]))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (0, 1, 2)
+    assert plan.response.value == 1 and list(plan.response.ranks) == [0, 2]
+    assert ctl.process_sets[1] == (0, 2)
