@@ -89,6 +89,7 @@ class Background:
                 self.controller.register_process_set(pid, ranks)
             self._evict_seq = [0] * self.size
         self._shutdown_wanted = False
+        self._shutdown_why = ""
         self._shutdown_sent = False
         self._shutdown_asked_at = None
         self._final = None  # (Ibarrier request, deadline) once shutting down
@@ -104,7 +105,8 @@ class Background:
     def start(self):
         self.thread.start()
 
-    def request_shutdown(self):
+    def request_shutdown(self, why=""):
+        self._shutdown_why = why
         self._shutdown_wanted = True
         self.queue.wakeup.set()
 
@@ -218,7 +220,7 @@ class Background:
             ctl.submit(0, requests)
         if self._shutdown_wanted and not self._shutdown_sent:
             self._shutdown_sent = True
-            ctl.request_shutdown(0)
+            ctl.request_shutdown(0, self._shutdown_why)
             worked = True
         for source, payload in self.channel.receive(TAG_REQUEST):
             msg = pb.RequestList()
@@ -284,6 +286,7 @@ class Background:
             if requests is None:
                 requests = pb.RequestList()
             requests.shutdown = True
+            requests.shutdown_reason = self._shutdown_why
             self._shutdown_sent = True
             self._shutdown_asked_at = time.monotonic()
         if requests is not None:

@@ -170,11 +170,11 @@ class Controller:
         for req in request_list.requests:
             self.submit_request(rank, req, req.submit_time)
         if request_list.shutdown:
-            self.request_shutdown(rank)
+            self.request_shutdown(rank, request_list.shutdown_reason)
 
-    def request_shutdown(self, rank):
+    def request_shutdown(self, rank, why=""):
         if not self.shutdown_reason:
-            self.shutdown_reason = f"rank {rank} called shutdown()"
+            self.shutdown_reason = f"rank {rank} {why or 'called shutdown()'}"
 
     def submit_request(self, rank, req, submit_time=0.0, cache_id=0):
         if req.op == pb.JOIN:

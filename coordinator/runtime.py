@@ -33,7 +33,7 @@ log = logging.getLogger("coordinator")
 
 _lock = threading.RLock()
 _runtime = None
-_state = {"shut_down": False, "atexit": False}
+_state = {"shut_down": False, "atexit": False, "uncaught": None}
 
 
 def current():
@@ -137,10 +137,10 @@ class Runtime:
             raise self.fatal_error
 
     # ------------------------------------------------------------ shutdown
-    def shutdown(self):
+    def shutdown(self, why=""):
         bg = self.background
         if bg.thread.is_alive():
-            bg.request_shutdown()
+            bg.request_shutdown(why)
             bg.thread.join(SHUTDOWN_TIMEOUT + 5)
         self.close_queue(lambda e: ValueError(
             f"{e.describe()}: the coordinator has been shut down; call init() first"),
@@ -209,10 +209,11 @@ def start(comm=None, process_sets=None, config=None):
         if not _state["atexit"]:
             _state["atexit"] = True
             atexit.register(_at_exit)
+            _chain_excepthook()
         return _runtime
 
 
-def stop():
+def stop(why=""):
     global _runtime
     with _lock:
         rt = _runtime
@@ -221,7 +222,19 @@ def stop():
         _runtime = None
         _state["shut_down"] = True
         global_process_set._unbind()
-    rt.shutdown()
+    rt.shutdown(why)
+
+
+def _chain_excepthook():
+    """Remember an uncaught exception, so the shutdown at exit can tell the
+    other ranks why this one is leaving."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        _state["uncaught"] = exc_type.__name__
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
 
 
 def _at_exit():
@@ -235,4 +248,5 @@ def _at_exit():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    stop()
+    uncaught = _state["uncaught"]
+    stop(f"is exiting after an uncaught {uncaught}" if uncaught else "")

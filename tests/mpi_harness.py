@@ -16,6 +16,7 @@ Usage from a test file:
         RESULTS.check("allreduce_sum", np_)
 """
 
+import ast
 import json
 import os
 import shutil
@@ -109,3 +110,11 @@ class CaseResults:
         if failed:
             lines = "\n".join(f"  rank {r}: {err}" for r, err in sorted(failed.items()))
             pytest.fail(f"case {case} at np={np_} failed:\n{lines}")
+
+
+def case_names(module):
+    """The case_* functions of a case module, in definition order."""
+    with open(os.path.join(ROOT, module)) as f:
+        tree = ast.parse(f.read())
+    return [node.name[5:] for node in tree.body
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("case_")]

@@ -11,6 +11,7 @@ import traceback
 
 
 def main(path):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     spec = importlib.util.spec_from_file_location("cases", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

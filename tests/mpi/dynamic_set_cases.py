@@ -1,0 +1,36 @@
+"""add_process_set / remove_process_set at run time."""
+
+import numpy as np
+
+from core_cases import assert_equal, expect_raises
+
+
+def setup(hvd):
+    hvd.init(process_sets="dynamic")
+
+
+def case_add_use_and_remove_a_set(hvd):
+    me, n = hvd.rank(), hvd.size()
+    tail = hvd.add_process_set(hvd.ProcessSet(range(1, n)))
+    assert tail.process_set_id is not None and tail.ranks == list(range(1, n))
+    if me >= 1:
+        out = hvd.allreduce(np.full(2, float(me)), op=hvd.Sum, name="tail.sum",
+                            process_set=tail)
+        assert_equal(out, np.full(2, float(sum(range(1, n)))))
+    hvd.barrier()
+    assert hvd.remove_process_set(tail) is True
+    assert tail.process_set_id is None
+    assert hvd.remove_process_set(tail) is False
+    assert hvd.remove_process_set(hvd.global_process_set) is False
+
+
+def case_add_from_a_list_and_duplicates_fail(hvd):
+    ps = hvd.add_process_set([0])
+    assert ps.ranks == [0]
+    exc = expect_raises(ValueError, hvd.add_process_set, [0])
+    assert "already exists" in str(exc)
+    if hvd.rank() == 0:
+        assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="solo", process_set=ps),
+                     np.ones(1))
+    hvd.barrier()
+    assert hvd.remove_process_set(ps)

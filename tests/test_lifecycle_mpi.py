@@ -1,0 +1,31 @@
+"""init/shutdown semantics and stalls, under mpirun."""
+
+import pytest
+
+from mpi_harness import CaseResults, case_names
+
+LIFECYCLE = CaseResults("tests/mpi/lifecycle_cases.py")
+STALLS = CaseResults("tests/mpi/stall_cases.py",
+                     env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", case_names("tests/mpi/lifecycle_cases.py"))
+def test_lifecycle(case, np_):
+    LIFECYCLE.check(case, np_)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+def test_stalled_tensor_fails_naming_the_missing_rank(np_):
+    STALLS.check("stalled_tensor_fails_on_every_rank_naming_the_missing_rank", np_)
+
+
+@pytest.mark.mpi
+def test_stall_warning_names_tensor_missing_rank_and_wait():
+    output = STALLS.run(2)["output"]
+    assert "WARNING" in output and "'stalled'" in output
+    assert "rank 1 did not submit it" in output
+    assert "rank 0 have waited" in output or "rank 0 has waited" in output

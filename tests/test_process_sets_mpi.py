@@ -1,0 +1,23 @@
+"""Process sets on 2-4 ranks (cases: tests/mpi/process_set_cases.py and
+tests/mpi/dynamic_set_cases.py)."""
+
+import pytest
+
+from mpi_harness import CaseResults, case_names
+
+STATIC = CaseResults("tests/mpi/process_set_cases.py")
+DYNAMIC = CaseResults("tests/mpi/dynamic_set_cases.py")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3, 4])
+@pytest.mark.parametrize("case", case_names("tests/mpi/process_set_cases.py"))
+def test_static_process_sets(case, np_):
+    STATIC.check(case, np_)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", case_names("tests/mpi/dynamic_set_cases.py"))
+def test_dynamic_process_sets(case, np_):
+    DYNAMIC.check(case, np_)
