@@ -42,9 +42,10 @@ ERROR_TYPES = {
     pb.INTERNAL: HorovodInternalError,
 }
 
-# Busy back-off: this many turns without sleeping, then sleeps doubling from
-# BACKOFF_MIN up to BACKOFF_MAX seconds.
-SPIN_TURNS = 16
+# While work is in flight: poll without sleeping for SPIN_TIME seconds after
+# the last progress (an answer usually comes within it), then sleep, doubling
+# from BACKOFF_MIN up to BACKOFF_MAX seconds.
+SPIN_TIME = 200e-6
 BACKOFF_MIN = 20e-6
 BACKOFF_MAX = 1e-3
 LIVENESS_PERIOD = 0.1
@@ -123,28 +124,30 @@ class Background:
             self.finished = True
 
     def _loop(self):
-        idle = 0
+        sleeps = 0
+        last_progress = time.perf_counter()
         wakeup = self.queue.wakeup
         while not self.finished:
             wakeup.clear()
             if self._turn():
-                idle = 0
+                sleeps = 0
+                last_progress = time.perf_counter()
                 continue
             if self.finished:
                 break
-            idle += 1
-            timeout = self._timeout(idle)
+            timeout = self._timeout(sleeps, last_progress)
             if timeout is None:
                 continue
+            sleeps += 1
             wakeup.wait(timeout)
 
-    def _timeout(self, idle):
+    def _timeout(self, sleeps, last_progress):
         busy = (self.queue.inflight_count() or self._final is not None
                 or self._shutdown_wanted or self.channel.progress())
         if busy:
-            if idle <= SPIN_TURNS:
+            if time.perf_counter() - last_progress < SPIN_TIME:
                 return None
-            timeout = min(BACKOFF_MIN * (1 << min(idle - SPIN_TURNS, 16)), BACKOFF_MAX)
+            timeout = min(BACKOFF_MIN * (1 << min(sleeps, 16)), BACKOFF_MAX)
         else:
             timeout = self.config.idle_poll_interval
         if self.controller is not None:

@@ -1,0 +1,196 @@
+"""Benchmarks against raw mpi4py, side by side in one run.
+
+    python -m coordinator.bench [--np 2] [--cases a,b,c,d] [--repeats N]
+
+Run without mpirun, it launches itself on --np ranks. Each case alternates
+the raw MPI version and ours (A, B, A, B, ...) so both see the same machine
+state, and reports medians and their ratio:
+
+  (a) one 64 MiB float32 allreduce (Sum) vs MPI_Allreduce;
+  (b) ResNet-50's 161 gradient shapes (25.6 M floats) submitted
+      asynchronously then waited for, vs the better of raw per-tensor
+      Allreduce and raw pack + one Allreduce + unpack;
+  (c) latency of a one-float allreduce, submit to result;
+  (d) CPU used by an idle rank over a few seconds (% of one core).
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+CASES = "abcd"
+
+
+def resnet50_shapes():
+    """The 161 parameter shapes of torchvision's ResNet-50 (25,557,032 floats)."""
+    shapes = [(64, 3, 7, 7), (64,), (64,)]
+    in_ch = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        out_ch = width * 4
+        for b in range(blocks):
+            shapes += [(width, in_ch, 1, 1), (width,), (width,),
+                       (width, width, 3, 3), (width,), (width,),
+                       (out_ch, width, 1, 1), (out_ch,), (out_ch,)]
+            if b == 0:
+                shapes += [(out_ch, in_ch, 1, 1), (out_ch,), (out_ch,)]
+            in_ch = out_ch
+    shapes += [(1000, 2048), (1000,)]
+    return shapes
+
+
+def _median_ms(samples):
+    return statistics.median(samples) * 1e3
+
+
+class Bench:
+    def __init__(self, repeats):
+        import coordinator as hvd
+        from mpi4py import MPI
+
+        self.hvd = hvd
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD.Dup()
+        self.repeats = repeats
+        hvd.init()
+        self.rank = hvd.rank()
+        self.rows = []
+
+    def _sync(self):
+        self.comm.Barrier()
+
+    def _alternate(self, raw, ours, repeats, warmup=2):
+        for _ in range(warmup):
+            raw()
+            ours()
+        t_raw, t_ours = [], []
+        for _ in range(repeats):
+            self._sync()
+            t0 = time.perf_counter()
+            raw()
+            t_raw.append(time.perf_counter() - t0)
+            self._sync()
+            t0 = time.perf_counter()
+            ours()
+            t_ours.append(time.perf_counter() - t0)
+        # Every rank reports the slowest rank's time for each sample.
+        both = np.array([t_raw, t_ours])
+        self.comm.Allreduce(self.MPI.IN_PLACE, both, op=self.MPI.MAX)
+        return list(both[0]), list(both[1])
+
+    def case_a(self):
+        n = 64 * 1024 * 1024 // 4
+        src = np.ones(n, np.float32)
+        dst = np.empty_like(src)
+        out = np.empty_like(src)
+        hvd = self.hvd
+        raw, ours = self._alternate(
+            lambda: self.comm.Allreduce(src, dst, op=self.MPI.SUM),
+            lambda: hvd.allreduce(src, op=hvd.Sum, name="bench.a", output=out),
+            max(5, self.repeats // 4))
+        assert np.array_equal(dst, out)
+        self.rows.append(("(a) 64 MiB allreduce", _median_ms(raw), _median_ms(ours), "ms",
+                          _median_ms(ours) / _median_ms(raw), "<= 1.05x raw"))
+
+    def case_b(self):
+        hvd = self.hvd
+        shapes = resnet50_shapes()
+        grads = [np.full(s, 1.0, np.float32) for s in shapes]
+        outs = [np.empty_like(g) for g in grads]
+        total = sum(g.size for g in grads)
+        buf = np.empty(total, np.float32)
+        comm, SUM = self.comm, self.MPI.SUM
+
+        def per_tensor():
+            for g, o in zip(grads, outs):
+                comm.Allreduce(g, o, op=SUM)
+
+        def packed():
+            off = 0
+            for g in grads:
+                buf[off:off + g.size] = g.reshape(-1)
+                off += g.size
+            comm.Allreduce(self.MPI.IN_PLACE, buf, op=SUM)
+            off = 0
+            for o in outs:
+                o.reshape(-1)[:] = buf[off:off + o.size]
+                off += o.size
+
+        def ours():
+            handles = [hvd.allreduce_async(g, op=hvd.Sum, name=f"bench.b.{i}", output=o)
+                       for i, (g, o) in enumerate(zip(grads, outs))]
+            for h in handles:
+                hvd.synchronize(h)
+
+        reps = max(5, self.repeats // 4)
+        raw1, ours1 = self._alternate(per_tensor, ours, reps)
+        raw2, ours2 = self._alternate(packed, ours, reps)
+        best_raw = min(_median_ms(raw1), _median_ms(raw2))
+        mine = _median_ms(ours1 + ours2)
+        which = "per-tensor" if _median_ms(raw1) <= _median_ms(raw2) else "pack+allreduce"
+        self.rows.append((f"(b) ResNet-50 161 grads (raw: {which})", best_raw, mine, "ms",
+                          mine / best_raw, "<= 1.15x raw"))
+
+    def case_c(self):
+        hvd = self.hvd
+        x = np.ones(1, np.float32)
+        y = np.empty_like(x)
+        out = np.empty_like(x)
+        raw, ours = self._alternate(
+            lambda: self.comm.Allreduce(x, y, op=self.MPI.SUM),
+            lambda: hvd.allreduce(x, op=hvd.Sum, name="bench.c", output=out),
+            self.repeats * 10, warmup=50)
+        self.rows.append(("(c) one-float allreduce latency", _median_ms(raw), _median_ms(ours),
+                          "ms", None, "<= 0.25 ms"))
+
+    def case_d(self, seconds=3.0):
+        self._sync()
+        c0, t0 = time.process_time(), time.perf_counter()
+        time.sleep(seconds)
+        cpu = (time.process_time() - c0) / (time.perf_counter() - t0) * 100
+        worst = self.comm.allreduce(cpu, op=self.MPI.MAX)
+        self.rows.append(("(d) idle rank CPU (worst rank)", 0.0, worst, "% core", None,
+                          "<= 2%"))
+
+    def report(self):
+        if self.rank != 0:
+            return
+        size = self.hvd.size()
+        print(f"\ncoordinator benchmark, np={size}, medians of alternating runs")
+        print(f"{'case':44} {'raw':>10} {'ours':>10} {'unit':>7} {'ratio':>7}  target")
+        for name, raw, ours, unit, ratio, target in self.rows:
+            r = f"{ratio:.3f}" if ratio is not None else "-"
+            print(f"{name:44} {raw:10.3f} {ours:10.3f} {unit:>7} {r:>7}  {target}")
+        sys.stdout.flush()
+
+
+def _launch(args):
+    from coordinator.run import find_launcher  # noqa: F401  (same discovery as coordrun)
+
+    cmd = [sys.executable, "-m", "coordinator.run", "-np", str(args.np), sys.executable, "-m",
+           "coordinator.bench", "--cases", args.cases, "--repeats", str(args.repeats)]
+    return subprocess.call(cmd)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--cases", default=CASES)
+    parser.add_argument("--repeats", type=int, default=40)
+    args = parser.parse_args(argv)
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
+        return _launch(args)
+    bench = Bench(args.repeats)
+    for case in args.cases:
+        getattr(bench, f"case_{case}")()
+    bench.report()
+    bench.hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
