@@ -378,3 +378,24 @@ def case_non_contiguous_input_is_copied(hvd):
     view = base[:, ::2]
     out = hvd.allreduce(view, op=hvd.Sum, name="noncontig")
     assert_equal(out, view * hvd.size())
+
+
+def case_every_dtype_through_broadcast_alltoall_and_reducescatter(hvd):
+    n, me = hvd.size(), hvd.rank()
+    extra = [BF16] if BF16 is not None else []
+    for dtype in ALL_DTYPES + extra:
+        label = np.dtype(dtype).name
+        out = hvd.broadcast(data(me, (3,), dtype, seed=50), root_rank=n - 1,
+                            name=f"bcd.{label}")
+        assert_equal(out, data(n - 1, (3,), dtype, seed=50), f"broadcast {label}")
+        rows = [data(r, (n, 2), dtype, seed=51) for r in range(n)]
+        out = hvd.alltoall(rows[me], name=f"a2ad.{label}")
+        assert_equal(out, np.concatenate([rows[r][me:me + 1] for r in range(n)]),
+                     f"alltoall {label}")
+    for dtype in REDUCE_DTYPES + extra:
+        label = np.dtype(dtype).name
+        inputs = [data(r, (n + 1, 2), dtype, seed=52) for r in range(n)]
+        out = hvd.reducescatter(inputs[me], op=hvd.Sum, name=f"rsd.{label}")
+        total = np.sum([i.astype(np.float64) for i in inputs], axis=0).astype(dtype)
+        start = 0 if me == 0 else me + 1
+        assert_equal(out, total[start:start + (2 if me == 0 else 1)], f"reducescatter {label}")

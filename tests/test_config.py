@@ -1,0 +1,43 @@
+"""Settings come from Horovod's environment variable names, read once."""
+
+import pytest
+
+from coordinator.config import MIB, Config
+
+
+def test_defaults_match_horovods():
+    cfg = Config.from_env({})
+    assert cfg.fusion_threshold == 128 * MIB
+    assert cfg.cache_capacity == 1024
+    assert cfg.stall_check_time == 60 and cfg.stall_shutdown_time == 0
+    assert not cfg.stall_check_disable and cfg.log_level == "warning"
+    assert cfg.timeline == "" and not cfg.timeline_mark_cycles
+
+
+def test_horovod_variables_are_honoured():
+    cfg = Config.from_env({
+        "HOROVOD_FUSION_THRESHOLD": "1048576", "HOROVOD_CYCLE_TIME": "2.5",
+        "HOROVOD_CACHE_CAPACITY": "0", "HOROVOD_TIMELINE": "/tmp/t.json",
+        "HOROVOD_TIMELINE_MARK_CYCLES": "1", "HOROVOD_STALL_CHECK_DISABLE": "true",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9",
+        "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+        "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv",
+        "HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    assert cfg.fusion_threshold == MIB and cfg.cycle_time_ms == 2.5
+    assert cfg.cache_capacity == 0 and cfg.timeline == "/tmp/t.json"
+    assert cfg.timeline_mark_cycles and cfg.stall_check_disable
+    assert cfg.stall_check_time == 5 and cfg.stall_shutdown_time == 9
+    assert cfg.log_level == "debug" and cfg.hierarchical_allreduce
+    assert cfg.autotune and cfg.autotune_log == "/tmp/a.csv" and cfg.dynamic_process_sets
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("HOROVOD_FUSION_THRESHOLD", "lots", "is not a number"),
+    ("HOROVOD_FUSION_THRESHOLD", "-1", "must be at least 0"),
+    ("HOROVOD_STALL_CHECK_DISABLE", "maybe", "is not a boolean"),
+    ("HOROVOD_LOG_LEVEL", "loud", "is not one of"),
+])
+def test_bad_values_name_the_variable(key, value, fragment):
+    with pytest.raises(ValueError) as info:
+        Config.from_env({key: value})
+    assert key in str(info.value) and fragment in str(info.value)
