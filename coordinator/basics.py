@@ -20,6 +20,26 @@ def init(comm=None, process_sets=None):
     collectives.reset_names()
 
 
+def ensure_initialized(comm=None, process_sets=None):
+    """init() for frontends: starts the coordinator, or joins the one already
+    running in this process, so PyTorch and TensorFlow used together share
+    one background thread. Sets in `process_sets` not yet registered are
+    added (collectively, as add_process_set does)."""
+    with runtime._lock:
+        rt = runtime.current()
+        if rt is None:
+            init(comm, process_sets)
+            return runtime.current()
+    if process_sets == "dynamic":
+        rt.dynamic_process_sets = True
+    elif process_sets:
+        for ps in process_sets:
+            if isinstance(ps, ProcessSet) and ps.process_set_id is not None:
+                continue
+            _add_process_set(rt, ps)
+    return rt
+
+
 def shutdown():
     """Stops the background thread. Operations still in flight on any rank
     fail with ShutdownError; later operations raise until init() again."""
@@ -80,6 +100,10 @@ def add_process_set(process_set):
     if not getattr(rt, "dynamic_process_sets", False):
         raise ValueError("add_process_set: dynamic process sets are off; set "
                          "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call init(process_sets='dynamic')")
+    return _add_process_set(rt, process_set)
+
+
+def _add_process_set(rt, process_set):
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"add_process_set: {ps!r} is already registered")

@@ -106,9 +106,6 @@ def _reduce_op(op, average, what):
         op = Sum if average is False else Average
     if op not in _REDUCE_OPS:
         raise ValueError(f"{what}: unknown reduce op {op!r}")
-    if op == Adasum:
-        raise NotImplementedError(f"{what}: op=Adasum is not supported by the core on NumPy "
-                                  "arrays")
     return op
 
 
@@ -144,6 +141,8 @@ def _allreduce_entry(rt, tensor, name, op, prescale, postscale, ps, output, grou
                      group_size=0):
     what = _label("allreduce", name)
     arr, info = _array(tensor, what, reducible=True)
+    if op == Adasum and info.dtype.kind != "f" and info.dtype != dtypes.BFLOAT16:
+        raise ValueError(f"{what}: Adasum needs a floating-point tensor, not {arr.dtype}")
     return Entry(name, pb.ALLREDUCE, tensor=arr, output=_output(output, arr, what),
                  dtype_info=info, shape=arr.shape, reduce_op=op,
                  prescale=_scale(prescale, "prescale_factor", what),

@@ -22,6 +22,7 @@ from coordinator.fusion import FusionBuffers
 from coordinator.handles import HandleTable
 from coordinator.liveness import PeerMonitor, describe_dead, host_identity
 from coordinator.ops import OperationManager
+from coordinator.ops.adasum import AdasumOps
 from coordinator.ops.mpi_ops import MPIOps
 from coordinator.process_sets import ProcessSet, ProcessSetTable, global_process_set
 from coordinator.tensor_queue import TensorQueue
@@ -71,8 +72,10 @@ class Runtime:
         self._pending_sets = {}
         for ps in _static_sets(process_sets):
             self._create_static_set(ps)
-        self.ops = OperationManager([MPIOps(self.process_sets.comms, self.buffers,
-                                           self.timeline, self.rank)])
+        self.ops = OperationManager([
+            AdasumOps(self.process_sets.comms, self.timeline),
+            MPIOps(self.process_sets.comms, self.buffers, self.timeline, self.rank),
+        ])
         self.background = Background(self)
         self.background.start()
 

@@ -399,3 +399,48 @@ def case_every_dtype_through_broadcast_alltoall_and_reducescatter(hvd):
         total = np.sum([i.astype(np.float64) for i in inputs], axis=0).astype(dtype)
         start = 0 if me == 0 else me + 1
         assert_equal(out, total[start:start + (2 if me == 0 else 1)], f"reducescatter {label}")
+
+
+def _adasum_reference(vectors):
+    """The Adasum tree evaluated in NumPy for every rank's vector."""
+    def comb(a, b):
+        dot = float(np.dot(a, b))
+        na, nb = float(np.dot(a, a)), float(np.dot(b, b))
+        ca = 1 - dot / (2 * na) if na > 0 else 1.0
+        cb = 1 - dot / (2 * nb) if nb > 0 else 1.0
+        return ca * a + cb * b
+
+    vecs = [v.astype(np.float64) for v in vectors]
+    p2 = 1
+    while p2 * 2 <= len(vecs):
+        p2 *= 2
+    for r in range(p2, len(vecs)):
+        vecs[r - p2] = comb(vecs[r - p2], vecs[r])
+    vecs = vecs[:p2]
+    while len(vecs) > 1:
+        vecs = [comb(vecs[i], vecs[i + 1]) for i in range(0, len(vecs), 2)]
+    return vecs[0]
+
+
+def case_adasum_matches_the_published_formula(hvd):
+    n, me = hvd.size(), hvd.rank()
+    rng = [np.random.default_rng(60 + r) for r in range(n)]
+    a = [g.standard_normal(7) for g in rng]
+    b = [g.standard_normal((2, 3)) for g in rng]
+    ha = hvd.allreduce_async(a[me], op=hvd.Adasum, name="adasum.a")
+    hb = hvd.allreduce_async(b[me], op=hvd.Adasum, name="adasum.b")
+    # Each tensor is combined on its own (layer-wise), fused or not.
+    np.testing.assert_allclose(hvd.synchronize(ha), _adasum_reference(a), rtol=1e-10)
+    np.testing.assert_allclose(hvd.synchronize(hb),
+                               _adasum_reference([x.reshape(-1) for x in b]).reshape(2, 3),
+                               rtol=1e-10)
+    # Identical gradients average; orthogonal ones add.
+    same = hvd.allreduce(np.ones(4), op=hvd.Adasum, name="adasum.same")
+    np.testing.assert_allclose(same, np.ones(4))
+    if n in (2, 4):
+        basis = np.eye(n)[me]
+        np.testing.assert_allclose(hvd.allreduce(basis, op=hvd.Adasum, name="adasum.orth"),
+                                   np.ones(n))
+    exc = expect_raises(ValueError, hvd.allreduce, np.ones(2, np.int32), op=hvd.Adasum,
+                        name="adasum.int")
+    assert "floating-point" in str(exc)
