@@ -11,7 +11,7 @@ collectives over MPI in the same order everywhere.
 from coordinator.basics import (add_process_set, cross_rank, cross_size, init,
                                 is_homogeneous, is_initialized, local_rank, local_size,
                                 mpi_threads_supported, rank, remove_process_set, shutdown,
-                                size)
+                                size, start_timeline, stop_timeline)
 from coordinator.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather,
                                      allgather_async, allreduce, allreduce_async, alltoall,
                                      alltoall_async, barrier, broadcast, broadcast_async,
@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
+    "start_timeline", "stop_timeline",
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_async", "alltoall", "alltoall_async",

@@ -84,7 +84,7 @@ class Background:
             self.controller = Controller(
                 self.size, fusion_threshold=cfg.fusion_threshold,
                 cache_capacity=cfg.cache_capacity, stall_inspector=inspector,
-                timeline=runtime.timeline if runtime.timeline.enabled else None,
+                timeline=runtime.timeline,
                 cycle_time=cfg.cycle_time_ms / 1000.0)
             for pid, ranks in runtime.initial_process_sets.items():
                 self.controller.register_process_set(pid, ranks)
@@ -164,6 +164,8 @@ class Background:
         if entries or self.resend:
             requests = self._request_list(entries)
             worked = True
+            if self.rt.timeline.enabled:
+                self.rt.timeline.mark_cycle()
         if self._final is not None:
             return self._final_turn() or worked
         if self.is_coordinator:
@@ -386,7 +388,13 @@ class Background:
                 kwargs = {}
                 if op == pb.BROADCAST:
                     kwargs["root"] = self.rt.set_rank_of(resp.process_set_id, resp.root_rank)
+                timeline = self.rt.timeline
+                traced = timeline.enabled
+                if traced:
+                    timeline.op_start(names, resp, entries)
                 results = self.ops.run(resp, entries, names, **kwargs)
+                if traced:
+                    timeline.op_end(names)
         except Exception as exc:  # a failed MPI call fails these tensors only
             names = ", ".join(f"'{e.name}'" for e in entries if e is not None)
             err = HorovodInternalError(

@@ -1,5 +1,7 @@
 """Starting and stopping the coordinator, and what it knows about the job."""
 
+import os
+
 from coordinator import collectives, runtime
 from coordinator.errors import NotInitializedError
 from coordinator.process_sets import ProcessSet, global_process_set
@@ -131,3 +133,19 @@ def remove_process_set(process_set):
                          "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call init(process_sets='dynamic')")
     entry = Entry(f"process_set.remove.{pid}", pb.REMOVE_PROCESS_SET, process_set_id=pid)
     return bool(collectives.synchronize(collectives._submit(rt, [entry])))
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing the timeline (a Chrome trace) to `file_path`. Every rank
+    may call it; rank 0, which sees every rank's requests, writes the file."""
+    rt = _rt("start_timeline")
+    if not file_path:
+        raise ValueError("start_timeline: file_path must be a non-empty path")
+    if rt.rank == 0:
+        rt.timeline.start(os.fspath(file_path), bool(mark_cycles))
+
+
+def stop_timeline():
+    """Stops writing the timeline and closes the file (still valid JSON)."""
+    rt = _rt("stop_timeline")
+    rt.timeline.stop()

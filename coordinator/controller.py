@@ -198,8 +198,8 @@ class Controller:
         if neg is None:
             neg = _Negotiation(name, pset, members, self.clock())
             self._pending[name] = neg
-            if self.timeline is not None:
-                self.timeline.negotiate_start(name, req.op, req)
+            if self.timeline is not None and self.timeline.enabled:
+                self.timeline.negotiate_start(name, req.op, req, submit_time)
         elif neg.process_set_id != pset:
             self._process_set_mismatch(neg, rank, req, pset)
             return
@@ -215,7 +215,7 @@ class Controller:
         neg.requests[rank] = req
         neg.cached[rank] = cache_id
         neg.arrivals[rank] = submit_time
-        if self.timeline is not None:
+        if self.timeline is not None and self.timeline.enabled:
             self.timeline.negotiate_rank_ready(name, rank, submit_time)
         if self._complete(neg):
             self._finish(neg)
@@ -288,7 +288,7 @@ class Controller:
 
     def _finish(self, neg):
         del self._pending[neg.name]
-        if self.timeline is not None:
+        if self.timeline is not None and self.timeline.enabled:
             self.timeline.negotiate_end(neg.name)
         error, kind = self._validate(neg)
         req = neg.representative()

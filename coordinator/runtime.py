@@ -26,7 +26,7 @@ from coordinator.ops.adasum import AdasumOps
 from coordinator.ops.mpi_ops import MPIOps
 from coordinator.process_sets import ProcessSet, ProcessSetTable, global_process_set
 from coordinator.tensor_queue import TensorQueue
-from coordinator.timeline import NullTimeline
+from coordinator.timeline import Timeline
 from coordinator.topology import Topology
 from coordinator.wire import pb
 
@@ -65,7 +65,10 @@ class Runtime:
         self.queue = TensorQueue()
         self.handles = HandleTable()
         self.buffers = FusionBuffers()
-        self.timeline = NullTimeline()
+        self.timeline = Timeline()
+        path = self.config.timeline
+        if path and path.upper() != "DYNAMIC" and self.rank == 0:
+            self.timeline.start(path, self.config.timeline_mark_cycles)
         self.process_sets = ProcessSetTable(self.rank)
         self.process_sets.register(global_process_set, 0, range(self.size), self.data_comm)
         self.initial_process_sets = {0: tuple(range(self.size))}

@@ -1,0 +1,127 @@
+"""The timeline: a valid Chrome trace (even after SIGKILL), Horovod's
+activities, every rank's submit time, and a report that names who was late."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from coordinator.timeline.report import analyse, iter_events
+from mpi_harness import ROOT, mpirun
+
+
+def _rows(events):
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e["name"] == "process_name"}
+    rows = {}
+    for e in events:
+        if e.get("ph") != "M":
+            rows.setdefault(names.get(e["pid"]), []).append(e)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def straggler_trace(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tl") / "trace.json")
+    proc = mpirun(["tests/scripts/timeline_job.py", "straggler", path, "8"], np_=2,
+                  env={"HOROVOD_TIMELINE": path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return path
+
+
+@pytest.mark.mpi
+def test_trace_is_valid_json_with_one_row_per_tensor(straggler_trace):
+    with open(straggler_trace) as f:
+        events = json.load(f)
+    rows = _rows(events)
+    assert {"grad.early", "grad.other", "grad.late", "params"} <= set(rows)
+    for name in ("grad.early", "grad.late"):
+        labels = [e["name"] for e in rows[name]]
+        assert "NEGOTIATE_ALLREDUCE" in labels and "ALLREDUCE" in labels
+        assert "MPI_ALLREDUCE" in labels
+        ready = [e for e in rows[name] if e["ph"] == "i"]
+        assert {e["args"]["rank"] for e in ready} == {0, 1}
+        op = next(e for e in rows[name] if e["name"] == "ALLREDUCE")
+        assert op["args"]["dtype"] == "float32" and op["args"]["shape"] in ([3, 4], [7])
+    assert "MPI_BCAST" in [e["name"] for e in rows["params"]]
+    assert any(e["name"] == "CYCLE_START" for e in events)
+    # B/E events balance on every row.
+    for name, evs in rows.items():
+        depth = 0
+        for e in sorted((e for e in evs if e["ph"] in "BE"), key=lambda e: e["ts"]):
+            depth += 1 if e["ph"] == "B" else -1
+        assert depth == 0, name
+
+
+@pytest.mark.mpi
+def test_fused_tensors_show_fusion_buffer_copies(straggler_trace):
+    with open(straggler_trace) as f:
+        labels = {e["name"] for e in json.load(f)}
+    assert {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"} <= labels
+
+
+@pytest.mark.mpi
+def test_report_names_the_late_rank_and_tensor(straggler_trace):
+    report = analyse(straggler_trace, top=5)
+    stalls = report.top_stalls()
+    assert stalls, report.text()
+    worst = stalls[0]
+    assert worst["tensor"] == "grad.late" and worst["late"] == [1], report.text()
+    assert worst["wait"] >= 30e3  # us; the straggler slept 40 ms
+    assert report.lateness[1][0] > 10 * report.lateness[0][0]
+    text = report.text()
+    assert "late rank 1" in text and "'grad.late'" in text and "most late: rank 1" in text
+    assert "negotiation" in text and "communication" in text and "fusion copies" in text
+
+
+@pytest.mark.mpi
+def test_report_command_prints_and_plots(straggler_trace, tmp_path):
+    png = tmp_path / "stalls.png"
+    proc = subprocess.run([sys.executable, "-m", "coordinator.timeline", "report",
+                           straggler_trace, "--top", "3", "--plot", str(png)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "late rank 1" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "RuntimeWarning" not in proc.stderr
+
+
+@pytest.mark.mpi
+def test_trace_stays_valid_after_sigkill(tmp_path):
+    path = str(tmp_path / "killed.json")
+    proc = mpirun(["tests/scripts/timeline_job.py", "sigkill", path, "40"], np_=2,
+                  env={"HOROVOD_TIMELINE": path}, timeout=120)
+    assert proc.returncode != 0
+    with open(path) as f:
+        events = json.load(f)
+    assert any(e.get("name") == "NEGOTIATE_ALLREDUCE" for e in events)
+
+
+@pytest.mark.mpi
+def test_start_and_stop_timeline_at_run_time(tmp_path):
+    base = str(tmp_path / "rt.json")
+    proc = mpirun(["tests/scripts/timeline_job.py", "runtime", base], np_=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for suffix in (".1", ".2"):
+        with open(base + suffix) as f:
+            events = json.load(f)
+        assert any(e.get("name") == "NEGOTIATE_ALLREDUCE" for e in events)
+    with open(base + ".1") as f:
+        assert any(e.get("name") == "CYCLE_START" for e in json.load(f))
+    with open(base + ".2") as f:
+        assert not any(e.get("name") == "CYCLE_START" for e in json.load(f))
+
+
+def test_report_reads_a_trace_cut_mid_line(tmp_path):
+    path = tmp_path / "cut.json"
+    path.write_text('[\n{"name":"process_name","ph":"M","pid":1,"args":{"name":"w"}},\n'
+                    '{"name":"NEGOTIATE_ALLREDUCE","ph":"B","ts":0,"pid":1,"tid":0},\n'
+                    '{"name":"rank 0 ready","ph":"i","ts":0,"pid":1,"args":{"rank":0}},\n'
+                    '{"name":"rank 1 ready","ph":"i","ts":5000,"pid":1,"args":{"rank":1}},\n'
+                    '{"name":"","ph":"E","ts":5100,"pid":1,"tid":0},\n'
+                    '{"name":"MPI_ALL')
+    assert len(list(iter_events(str(path)))) == 5
+    report = analyse(str(path))
+    assert report.top_stalls()[0]["late"] == [1]
