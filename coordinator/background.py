@@ -31,6 +31,7 @@ from coordinator.ops_names import op_name
 from coordinator.response_cache import WorkerCache
 from coordinator.stall_inspector import StallInspector
 from coordinator.tensor_queue import Entry
+from coordinator.runtime import SHUTDOWN_TIMEOUT
 from coordinator.wire import pb
 
 log = logging.getLogger("coordinator")
@@ -49,7 +50,6 @@ SPIN_TIME = 200e-6
 BACKOFF_MIN = 20e-6
 BACKOFF_MAX = 1e-3
 LIVENESS_PERIOD = 0.1
-SHUTDOWN_TIMEOUT = 30.0
 
 
 def _tighten_timer_slack():

@@ -15,20 +15,17 @@ import sys
 import threading
 
 from coordinator import log as logsetup
-from coordinator.background import SHUTDOWN_TIMEOUT, Background
 from coordinator.config import Config
-from coordinator.errors import HorovodInternalError
 from coordinator.fusion import FusionBuffers
 from coordinator.handles import HandleTable
 from coordinator.liveness import PeerMonitor, describe_dead, host_identity
-from coordinator.ops import OperationManager
-from coordinator.ops.adasum import AdasumOps
-from coordinator.ops.mpi_ops import MPIOps
 from coordinator.process_sets import ProcessSet, ProcessSetTable, global_process_set
 from coordinator.tensor_queue import TensorQueue
 from coordinator.timeline import Timeline
-from coordinator.topology import Topology
 from coordinator.wire import pb
+
+# Seconds shutdown() waits for every rank to confirm (see background.py).
+SHUTDOWN_TIMEOUT = 30.0
 
 log = logging.getLogger("coordinator")
 
@@ -47,7 +44,15 @@ def was_shut_down():
 
 class Runtime:
     def __init__(self, comm=None, process_sets=None, config=None):
+        # MPI starts here, not when `coordinator` is imported: importing the
+        # package (e.g. for coordrun) must not initialise MPI.
         from mpi4py import MPI
+
+        from coordinator.background import Background
+        from coordinator.ops import OperationManager
+        from coordinator.ops.adasum import AdasumOps
+        from coordinator.ops.mpi_ops import MPIOps
+        from coordinator.topology import Topology
 
         self.config = config or Config.from_env()
         logsetup.configure(self.config)

