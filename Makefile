@@ -26,10 +26,15 @@ $(STAMP): setup.py pyproject.toml proto/coordinator.proto
 	$(PIP) install --quiet -e ".[all]"
 	touch $(STAMP)
 
+DEMO ?= examples/numpy_digits.py
+
 demo: $(STAMP)
 	mkdir -p $(OUT)
-	$(VENV)/bin/coordrun -np 2 --timeline-filename $(OUT)/timeline.json \
-		$(PY) examples/numpy_digits.py
+	$(VENV)/bin/coordrun -np 2 --timeline-filename $(OUT)/timeline.json $(PY) $(DEMO)
+	$(PY) -m coordinator.timeline report $(OUT)/timeline.json --plot $(OUT)/stalls.png \
+		| tee $(OUT)/stall_report.txt
+	@echo "timeline: $(OUT)/timeline.json (open in https://ui.perfetto.dev)"
+	@echo "stall report: $(OUT)/stall_report.txt, plot: $(OUT)/stalls.png"
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
