@@ -82,10 +82,27 @@ class Runtime:
             self._create_static_set(ps)
         self.ops = OperationManager([
             AdasumOps(self.process_sets.comms, self.timeline),
-            MPIOps(self.process_sets.comms, self.buffers, self.timeline, self.rank),
+            MPIOps(self.process_sets.comms, self.buffers, self.timeline, self.rank,
+                   self._allreduce_algorithms()),
         ])
         self.background = Background(self)
         self.background.start()
+
+    def _allreduce_algorithms(self):
+        """Host-aware allreduce algorithms the settings ask for, on their own
+        duplicates of the host (local) and cross-host communicators."""
+        from coordinator.ops.hierarchical import HierarchicalAllreduce
+        from coordinator.ops.torus import TorusAllreduce
+
+        topo = self.topology
+        algorithms = []
+        if self.config.torus_allreduce:
+            algorithms.append(TorusAllreduce(topo.local_comm.Dup(), topo.cross_comm.Dup(),
+                                             topo.homogeneous))
+        if self.config.hierarchical_allreduce:
+            algorithms.append(HierarchicalAllreduce(topo.local_comm.Dup(),
+                                                    topo.cross_comm.Dup(), topo.local_rank))
+        return algorithms
 
     # ---------------------------------------------------------- process sets
     def _create_static_set(self, ps):

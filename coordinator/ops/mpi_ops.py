@@ -52,11 +52,14 @@ def reducescatter_rows(n, size):
 class MPIOps:
     name = "mpi"
 
-    def __init__(self, comms, buffers, timeline, rank):
+    def __init__(self, comms, buffers, timeline, rank, algorithms=()):
         self.comms = comms  # process set id -> communicator (this rank's sets)
         self.buffers = buffers
         self.timeline = timeline
         self.rank = rank
+        # Allreduce algorithms tried before the flat MPI_Allreduce (e.g.
+        # hierarchical, 2D-torus); each says which responses it applies to.
+        self.algorithms = list(algorithms)
 
     def enabled(self, response):
         return response.device == -1
@@ -87,33 +90,46 @@ class MPIOps:
         post = response.postscale
         if response.reduce_op == pb.AVERAGE:
             post = post / comm.size
+        algorithm = self._algorithm(response)
         outputs = [e.output if e.output is not None else np.empty(e.shape, info.dtype)
                    for e in entries]
         if len(entries) == 1 and rdtype == info.dtype:
             src, out = entries[0].tensor, outputs[0]
-            self._activity(names, "MPI_ALLREDUCE")
-            if pre != 1.0:
-                copy_scaled(src.reshape(-1), out.reshape(-1), pre)
-                comm.Allreduce(MPI.IN_PLACE, [out, mpi_type], mpi_op)
-            elif _same_memory(src, out):
-                comm.Allreduce(MPI.IN_PLACE, [out, mpi_type], mpi_op)
-            else:
+            if algorithm is None and pre == 1.0 and not _same_memory(src, out):
+                self._activity(names, "MPI_ALLREDUCE")
                 comm.Allreduce([src, mpi_type], [out, mpi_type], mpi_op)
+                self._activity_end(names)
+            else:
+                if pre != 1.0 or not _same_memory(src, out):
+                    copy_scaled(src.reshape(-1), out.reshape(-1), pre)
+                self._reduce_inplace(comm, algorithm, out.reshape(-1), mpi_type, mpi_op, names)
             scale_inplace(out.reshape(-1), post)
-            self._activity_end(names)
             return outputs
         total = sum(e.tensor.size for e in entries)
         buf = self.buffers.get("reduce", total, rdtype)
         self._activity(names, "MEMCPY_IN_FUSION_BUFFER")
         pack([e.tensor for e in entries], buf, pre)
         self._activity_end(names)
-        self._activity(names, "MPI_ALLREDUCE")
-        comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)
-        self._activity_end(names)
+        self._reduce_inplace(comm, algorithm, buf, mpi_type, mpi_op, names)
         self._activity(names, "MEMCPY_OUT_FUSION_BUFFER")
         unpack(buf, outputs, post)
         self._activity_end(names)
         return outputs
+
+    def _algorithm(self, response):
+        for algorithm in self.algorithms:
+            if algorithm.applies(response):
+                return algorithm
+        return None
+
+    def _reduce_inplace(self, comm, algorithm, buf, mpi_type, mpi_op, names):
+        if algorithm is None:
+            self._activity(names, "MPI_ALLREDUCE")
+            comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)
+            self._activity_end(names)
+        else:
+            algorithm.allreduce_inplace(buf, mpi_type, mpi_op, names, self._activity,
+                                        self._activity_end)
 
     # ----------------------------------------------------------- allgather
     def allgather(self, response, entries, names):
