@@ -89,6 +89,11 @@ class Background:
             for pid, ranks in runtime.initial_process_sets.items():
                 self.controller.register_process_set(pid, ranks)
             self._evict_seq = [0] * self.size
+        self.autotuner = None
+        if self.is_coordinator and self.config.autotune:
+            from coordinator.autotune import Autotuner
+
+            self.autotuner = Autotuner(self.controller, self.config.autotune_log)
         self._shutdown_wanted = False
         self._shutdown_why = ""
         self._shutdown_sent = False
@@ -239,6 +244,8 @@ class Background:
             for text in ctl.inspect_stalls(now):
                 log.warning(text)
         plans = ctl.take_plans(now)
+        if self.autotuner is not None:
+            self.autotuner.observe(plans)
         resends = ctl.take_resends()
         reason = ctl.shutdown_reason
         if not (plans or resends or reason):

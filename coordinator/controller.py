@@ -31,13 +31,16 @@ JOIN_NAME = "join"
 
 
 class Plan:
-    """A response and the global ranks that must run it."""
+    """A response, the global ranks that must run it, and for the autotuner
+    the bytes it moves and the first tensor's name."""
 
-    __slots__ = ("response", "recipients")
+    __slots__ = ("response", "recipients", "nbytes", "first_name")
 
-    def __init__(self, response, recipients):
+    def __init__(self, response, recipients, nbytes=0, first_name=""):
         self.response = response
         self.recipients = tuple(recipients)
+        self.nbytes = nbytes
+        self.first_name = first_name
 
     def __repr__(self):
         r = self.response
@@ -500,5 +503,6 @@ class Controller:
                 if q.op == pb.ALLGATHER and shape:
                     shape[0] = 0
                 resp.specs.add(name=neg.name, dtype=q.dtype, shape=shape)
-        return Plan(resp, members)
+        nbytes = sum(self._fused_nbytes(neg, neg.representative()) for neg in negs)
+        return Plan(resp, members, nbytes, negs[0].name)
 

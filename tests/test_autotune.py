@@ -1,0 +1,70 @@
+"""The autotuner measures candidates, converges, and never keeps a setting
+that measured worse than the defaults."""
+
+import csv
+
+from coordinator.autotune import CYCLE_TIMES, MIB, THRESHOLDS, Autotuner
+from coordinator.controller import Controller, Plan
+from coordinator.wire import pb
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run(tuner, controller, clock, cost, steps=2000):
+    """Feeds the tuner training steps whose duration `cost(threshold, cycle)` gives."""
+    for _ in range(steps):
+        if tuner.done:
+            break
+        clock.now += cost(controller.fusion_threshold, controller.cycle_time)
+        tuner.observe([Plan(pb.Response(), (0, 1), 10 * MIB, "grad.0"),
+                       Plan(pb.Response(), (0, 1), 5 * MIB, "grad.1")])
+
+
+def test_converges_to_the_fastest_candidate_and_logs_every_sample(tmp_path):
+    clock = Clock()
+    ctl = Controller(2)
+    log = tmp_path / "autotune.csv"
+    tuner = Autotuner(ctl, str(log), steps_per_sample=3, samples=2, clock=clock)
+
+    def cost(threshold, cycle):  # 16 MiB and 0.5 ms are best in this made-up world
+        return 0.01 + abs(threshold - 16 * MIB) / MIB * 1e-4 + abs(cycle - 0.0005)
+
+    run(tuner, ctl, clock, cost)
+    assert tuner.done
+    assert tuner.best == (16 * MIB, 0.0005)
+    assert (ctl.fusion_threshold, ctl.cycle_time) == tuner.best
+    rows = list(csv.DictReader(log.open()))
+    assert rows[-1]["phase"] == "chosen" and rows[-1]["fusion_threshold_bytes"] == str(16 * MIB)
+    tried = {(int(r["fusion_threshold_bytes"]), float(r["cycle_time_ms"]))
+             for r in rows if r["phase"] in ("threshold", "cycle_time")}
+    assert {(t, 0.0) for t in THRESHOLDS} <= tried
+    assert {(16 * MIB, c * 1e3) for c in CYCLE_TIMES} <= tried
+
+
+def test_keeps_the_defaults_when_nothing_beats_them():
+    clock = Clock()
+    ctl = Controller(2)
+    defaults = (ctl.fusion_threshold, ctl.cycle_time)
+    tuner = Autotuner(ctl, steps_per_sample=2, samples=2, clock=clock)
+    run(tuner, ctl, clock, lambda t, c: 0.01 if (t, c) == defaults else 0.02)
+    assert tuner.done and tuner.best == defaults
+
+
+def test_autotune_runs_in_a_real_job_and_logs(tmp_path):
+    from mpi_harness import mpirun
+
+    log = tmp_path / "tune.csv"
+    proc = mpirun(["tests/scripts/autotune_job.py", "400"], np_=2,
+                  env={"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log)}, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "AUTOTUNE done=True" in out, out
+    rows = list(csv.DictReader(log.open()))
+    assert rows[-1]["phase"] == "chosen"
+    assert sum(r["phase"] in ("threshold", "cycle_time") for r in rows) >= 8 * 3
