@@ -411,6 +411,8 @@ class Background:
             return
         for e, result in zip(entries, results):
             if e is not None and self.queue.get(e.name) is e:
+                if e.cache_id and self.sent_by_id.get(e.cache_id) is e:
+                    del self.sent_by_id[e.cache_id]  # answered by name this time
                 self.queue.complete(e, result=result)
 
     # ------------------------------------------------------------ shutdown
