@@ -16,13 +16,18 @@ _EMPTY = np.empty(0, dtype=np.uint8)
 
 
 class FusionBuffers:
-    def __init__(self):
+    def __init__(self, limit=None):
         self._slots = {}
+        # Buffers larger than this (a single tensor bigger than the fusion
+        # threshold that still needs a conversion) are not kept.
+        self.limit = limit
 
     def get(self, slot, count, dtype):
         """A 1-D view of `count` elements of `dtype` in buffer `slot`."""
         dtype = np.dtype(dtype)
         nbytes = count * dtype.itemsize
+        if self.limit is not None and nbytes > self.limit:
+            return np.empty(count, dtype)
         buf = self._slots.get(slot)
         if buf is None or buf.nbytes < nbytes:
             buf = np.empty(max(nbytes, 64), dtype=np.uint8)

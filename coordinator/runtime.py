@@ -69,7 +69,12 @@ class Runtime:
         self.fatal_error = None
         self.queue = TensorQueue()
         self.handles = HandleTable()
-        self.buffers = FusionBuffers()
+        limit = self.config.fusion_threshold
+        if self.config.autotune:
+            from coordinator.autotune import THRESHOLDS
+
+            limit = max(limit, *THRESHOLDS)
+        self.buffers = FusionBuffers(limit=max(limit, 1 << 20))
         self.timeline = Timeline()
         path = self.config.timeline
         if path and path.upper() != "DYNAMIC" and self.rank == 0:

@@ -51,3 +51,11 @@ def test_as_bytes_is_a_view(dtype):
     view = as_bytes(arr)
     assert view.dtype == np.uint8 and view.size == arr.nbytes
     assert np.shares_memory(view, arr)
+
+
+def test_buffers_beyond_the_limit_are_not_kept():
+    bufs = FusionBuffers(limit=1024)
+    small = bufs.get("reduce", 100, np.float32)
+    big = bufs.get("reduce", 1000, np.float32)
+    assert big.size == 1000 and not np.shares_memory(small, big)
+    assert bufs.nbytes() == 400
