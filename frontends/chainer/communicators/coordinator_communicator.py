@@ -1,0 +1,540 @@
+"""A ChainerMN communicator whose tensor collectives run on the coordinator.
+
+Gradients (`multi_node_mean_grad`), parameters (`bcast_data`) and the array
+collectives are submitted to the process's coordinator, the same background
+thread PyTorch and TensorFlow use: they are negotiated by name, fused, cached
+and timed like theirs. Names are stable per parameter, so a training step
+hits the response cache after its first iteration.
+
+The core has no gather, scatter or point-to-point operations, so:
+  - `gather` and `scatter` are the core's alltoall with all rows going to, or
+    coming from, the root (each byte moves once, as in MPI_Gatherv/Scatterv);
+  - `send`/`recv` and the `_obj` methods use mpi4py on a communicator this
+    object owns (a Dup of the one it was created from), never the core's.
+
+Shapes and dtypes travel ahead of the data as small pickled messages on that
+communicator, so ranks need not know what they will receive, as in ChainerMN.
+Arrays are NumPy arrays (Chainer's CPU arrays): they reach MPI without copies
+when C-contiguous.
+"""
+
+import itertools
+import pickle
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import coordinator as hvd
+from coordinator import basics
+from coordinator import dtypes as core_dtypes
+from frontends.chainer.communicators.communicator_base import CommunicatorBase
+
+# Serial numbers of communicators: created collectively, so equal on every rank
+# that takes part, and part of every tensor name the communicator submits.
+_serials = itertools.count()
+# Process sets this frontend registered, by their sorted global ranks.
+_process_sets = {}
+
+DEFAULT_MAX_BUF_LEN = 256 * 1024 * 1024
+
+
+def _is_sequence(x):
+    return isinstance(x, (tuple, list))
+
+
+def _array(x, what, reducible=False):
+    """x as a NumPy array the core can move, or TypeError (ChainerMN's error)."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    elif isinstance(x, (np.generic, int, float, bool)):
+        arr = np.asarray(x)
+    else:
+        module = type(x).__module__.split(".")[0]
+        if module in ("cupy", "chainerx"):
+            raise TypeError(f"{what}: got a {module} array; this communicator moves NumPy "
+                            "(CPU) arrays only, the coordinator has no GPU backend yet")
+        raise TypeError(f"{what}: expected a NumPy array, got {type(x).__name__}")
+    info = core_dtypes.info_for(arr.dtype)
+    if info is None or (reducible and not info.reducible):
+        raise TypeError(f"{what} does not support dtype {arr.dtype} (supported: "
+                        f"{core_dtypes.SUPPORTED_NAMES}{'; bool cannot be summed' if reducible else ''})")
+    return arr
+
+
+def _contiguous_writeable(arr):
+    return arr.flags.c_contiguous and arr.flags.writeable
+
+
+def _check_same_dtype(what, metas):
+    dtypes = {str(np.dtype(d)) for _, d in metas}
+    if len(dtypes) > 1:
+        found = ", ".join(f"rank {r}: {np.dtype(d)}" for r, (_, d) in enumerate(metas))
+        raise TypeError(f"{what}: all arrays must have the same dtype ({found})")
+
+
+def _wait_request(req, test):
+    """Waits for an mpi4py request without spinning a core: Open MPI's
+    blocking calls busy-poll, which starves the other ranks and the
+    coordinator's thread on a small machine."""
+    delay = 0.0
+    while True:
+        done = test(req)
+        if done:
+            return done
+        time.sleep(delay)
+        delay = min(0.001, delay + 0.00005)
+
+
+def _offsets(counts):
+    out = [0]
+    for c in counts[:-1]:
+        out.append(out[-1] + c)
+    return out
+
+
+class CoordinatorCommunicator(CommunicatorBase):
+    """ChainerMN's `naive` communicator (CPU), with tensors on the coordinator.
+
+    Not created directly: use `create_communicator('naive')` or `split`."""
+
+    def __init__(self, mpi_comm, name="naive", _process_set=None, _prefix=None):
+        if mpi_comm == MPI.COMM_NULL:
+            raise ValueError("cannot create a communicator from MPI.COMM_NULL")
+        basics.ensure_initialized(comm=mpi_comm)
+        self.name = name
+        self.mpi_comm = mpi_comm.Dup()
+        self._finalized = False
+        self._batched_copy = True
+        self._global = self.mpi_comm.allgather(hvd.rank())
+        if _process_set is None:
+            if sorted(self._global) != list(range(hvd.size())):
+                self.mpi_comm.Free()
+                raise ValueError(
+                    f"create_communicator: mpi_comm holds coordinator ranks {sorted(self._global)} "
+                    f"of {hvd.size()}; a communicator over part of the job is made with "
+                    "comm.split() on one over the whole job (every rank of the coordinator "
+                    "must take part in registering its process set)")
+            _process_set = hvd.global_process_set
+        self._ps = _process_set
+        self._set_ranks = sorted(self._global)
+        self._set_index = [self._set_ranks.index(g) for g in self._global]
+        self._prefix = _prefix if _prefix is not None else f"chainermn.{next(_serials)}"
+        self._counter = itertools.count()
+        self._init_topology()
+
+    # ------------------------------------------------------------ topology
+    def _init_topology(self):
+        hosts = self.mpi_comm.allgather(MPI.Get_processor_name())
+        first_rank = {}
+        for r, host in enumerate(hosts):
+            first_rank.setdefault(host, r)
+        order = sorted(first_rank, key=first_rank.get)  # hosts by their lowest rank
+        mine = hosts[self.rank]
+        same_host = [r for r, h in enumerate(hosts) if h == mine]
+        self._intra_rank = same_host.index(self.rank)
+        self._intra_size = len(same_host)
+        self._inter_rank = order.index(mine)
+        self._inter_size = len(order)
+
+    @property
+    def rank(self):
+        return self.mpi_comm.rank
+
+    @property
+    def size(self):
+        return self.mpi_comm.size
+
+    @property
+    def intra_rank(self):
+        return self._intra_rank
+
+    @property
+    def intra_size(self):
+        return self._intra_size
+
+    @property
+    def inter_rank(self):
+        return self._inter_rank
+
+    @property
+    def inter_size(self):
+        return self._inter_size
+
+    @property
+    def process_set(self):
+        """The coordinator process set this communicator's tensors run on."""
+        return self._ps
+
+    def __repr__(self):
+        return (f"<{type(self).__name__} {self.name!r} rank {self.rank} of {self.size}, "
+                f"coordinator ranks {self._global}>")
+
+    # -------------------------------------------------------------- config
+    def set_config(self, name, value=True, **kwargs):
+        if name == "batched_copy":
+            self._batched_copy = bool(value)  # packing is the core's fusion here
+            return
+        if name == "allreduce_grad_dtype":
+            raise ValueError("allreduce_grad_dtype is only available at 'pure_nccl' "
+                             "communicator.")
+        super().set_config(name, value, **kwargs)
+
+    def get_config(self, name=None):
+        if name is None:
+            return {"batched_copy": self._batched_copy}
+        if name == "batched_copy":
+            return self._batched_copy
+        return super().get_config(name)
+
+    # ------------------------------------------------------------- helpers
+    def _check_open(self, what):
+        if self._finalized:
+            raise RuntimeError(f"{what}: this communicator was finalized")
+
+    def _name(self, kind):
+        return f"{self._prefix}.{kind}.{next(self._counter)}"
+
+    def _check_root(self, what, root):
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise ValueError(f"{what}: root {root!r} is not a rank of this communicator "
+                             f"(size {self.size})")
+        return int(root)
+
+    def _from_root(self, what, root, make_meta):
+        """Root computes a message (or finds the call invalid); every rank gets
+        it, and every rank raises the root's error, so no rank is left
+        waiting in a collective the root never joins."""
+        payload = None
+        if self.rank == root:
+            try:
+                payload = ("ok", make_meta())
+            except (TypeError, ValueError) as exc:
+                payload = ("error", type(exc), str(exc))
+        payload = self.mpi_comm.bcast(payload, root=root)
+        if payload[0] == "error":
+            raise payload[1](f"{payload[2]} (raised on root rank {root})")
+        return payload[1]
+
+    def _by_comm_rank(self, flat, counts_by_set, metas):
+        """Splits a core result laid out in process-set order into one array
+        per communicator rank, shaped as each rank's metadata says."""
+        starts = _offsets(counts_by_set)
+        out = []
+        for r, (shape, _) in enumerate(metas):
+            j = self._set_index[r]
+            out.append(flat[starts[j]:starts[j] + counts_by_set[j]].reshape(shape))
+        return tuple(out)
+
+    # ------------------------------------------------------ array methods
+    def bcast(self, x, root=0):
+        what = "bcast"
+        self._check_open(what)
+        root = self._check_root(what, root)
+
+        def meta():
+            if _is_sequence(x):
+                raise TypeError("Tuple data cannot be broadcasted")
+            arr = _array(x, what)
+            return arr.shape, arr.dtype
+
+        shape, dtype = self._from_root(what, root, meta)
+        name = self._name("bcast")
+        root_global = self._global[root]
+        if self.rank == root:
+            arr = np.asarray(x)
+            out = arr if _contiguous_writeable(arr) else None
+            hvd.broadcast(arr, root_global, name=name, process_set=self._ps, output=out)
+            return x
+        buf = np.empty(shape, dtype)
+        return hvd.broadcast(buf, root_global, name=name, process_set=self._ps, output=buf)
+
+    def allreduce(self, x):
+        what = "allreduce"
+        self._check_open(what)
+        if _is_sequence(x):
+            raise TypeError("allreduce cannot handle tuple data")
+        arr = _array(x, what, reducible=True)
+        return hvd.allreduce(arr, op=hvd.Sum, name=self._name("allreduce"),
+                             process_set=self._ps)
+
+    def allgather(self, x):
+        what = "allgather"
+        self._check_open(what)
+        if _is_sequence(x):
+            raise TypeError("allgather cannot handle tuple data")
+        arr = _array(x, what)
+        metas = self.mpi_comm.allgather((arr.shape, arr.dtype))
+        _check_same_dtype(what, metas)
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        out = hvd.allgather(flat, name=self._name("allgather"), process_set=self._ps)
+        counts = [0] * self.size
+        for r, (shape, _) in enumerate(metas):
+            counts[self._set_index[r]] = int(np.prod(shape, dtype=np.int64))
+        return self._by_comm_rank(out, counts, metas)
+
+    def gather(self, x, root=0):
+        what = "gather"
+        self._check_open(what)
+        root = self._check_root(what, root)
+        if _is_sequence(x):
+            raise TypeError("gather cannot handle tuple data")
+        arr = _array(x, what)
+        metas = self.mpi_comm.allgather((arr.shape, arr.dtype))
+        _check_same_dtype(what, metas)
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        splits = [0] * self.size
+        splits[self._set_index[root]] = flat.size
+        out, received = hvd.alltoall(flat, splits=splits, name=self._name("gather"),
+                                     process_set=self._ps)
+        if self.rank != root:
+            return None
+        return self._by_comm_rank(out, [int(c) for c in received], metas)
+
+    def scatter(self, xs, root=0):
+        what = "scatter"
+        self._check_open(what)
+        root = self._check_root(what, root)
+        parts = None
+        metas = None
+        if self.rank == root:
+            try:
+                if _is_sequence(xs):
+                    if len(xs) != self.size:
+                        raise ValueError("the length of xs must be consistent with "
+                                         f"communicator size ({len(xs)} arrays for "
+                                         f"{self.size} ranks)")
+                    parts = [_array(x, what) for x in xs]
+                    _check_same_dtype(what, [(p.shape, p.dtype) for p in parts])
+                else:
+                    arr = _array(xs, what)
+                    if arr.ndim == 0 or arr.shape[0] != self.size:
+                        raise ValueError("scatter received inconsistent number of inputs "
+                                         f"with communicator size (shape {arr.shape}, "
+                                         f"{self.size} ranks)")
+                    parts = list(arr)
+                metas = [("ok", p.shape, p.dtype) for p in parts]
+            except (TypeError, ValueError) as exc:
+                metas = [("error", type(exc), str(exc))] * self.size
+        mine = self.mpi_comm.scatter(metas, root=root)
+        if mine[0] == "error":
+            raise mine[1](f"{mine[2]} (raised on root rank {root})")
+        _, shape, dtype = mine
+        splits = [0] * self.size
+        if self.rank == root:
+            by_set = [None] * self.size
+            for r, p in enumerate(parts):
+                by_set[self._set_index[r]] = np.ascontiguousarray(p).reshape(-1)
+            splits = [p.size for p in by_set]
+            send = np.concatenate(by_set) if by_set else np.empty(0, dtype)
+        else:
+            send = np.empty(0, dtype)
+        out, _ = hvd.alltoall(send, splits=splits, name=self._name("scatter"),
+                              process_set=self._ps)
+        return out.reshape(shape)
+
+    def alltoall(self, xs):
+        what = "alltoall"
+        self._check_open(what)
+        if not _is_sequence(xs) or len(xs) != self.size:
+            raise ValueError("The length of data must be same as communicator size.")
+        parts = [_array(x, what) for x in xs]
+        _check_same_dtype(what, [(p.shape, p.dtype) for p in parts])
+        metas = self.mpi_comm.alltoall([(p.shape, p.dtype) for p in parts])
+        _check_same_dtype(what, metas)
+        by_set = [None] * self.size
+        for r, p in enumerate(parts):
+            by_set[self._set_index[r]] = np.ascontiguousarray(p).reshape(-1)
+        send = np.concatenate(by_set)
+        out, received = hvd.alltoall(send, splits=[p.size for p in by_set],
+                                     name=self._name("alltoall"), process_set=self._ps)
+        return self._by_comm_rank(out, [int(c) for c in received], metas)
+
+    # ------------------------------------------------------ point to point
+    def send(self, data, dest, tag):
+        what = "send"
+        self._check_open(what)
+        arrays = [_array(x, what) for x in data] if _is_sequence(data) else [_array(data, what)]
+        header = (_is_sequence(data), [(a.shape, a.dtype) for a in arrays])
+        _wait_request(self.mpi_comm.issend(header, dest=dest, tag=tag),
+                      lambda r: r.test()[0])
+        for a in arrays:
+            a = np.ascontiguousarray(a)
+            _wait_request(self.mpi_comm.Issend([a.reshape(-1).view(np.uint8), MPI.BYTE],
+                                               dest=dest, tag=tag),
+                          lambda r: r.Test())
+
+    def recv(self, source, tag):
+        self._check_open("recv")
+        _wait_request(None, lambda _: self.mpi_comm.Iprobe(source=source, tag=tag))
+        is_tuple, metas = self.mpi_comm.recv(source=source, tag=tag)
+        out = []
+        for shape, dtype in metas:
+            buf = np.empty(shape, dtype)
+            _wait_request(self.mpi_comm.Irecv([buf.reshape(-1).view(np.uint8), MPI.BYTE],
+                                              source=source, tag=tag),
+                          lambda r: r.Test())
+            out.append(buf)
+        return tuple(out) if is_tuple else out[0]
+
+    # --------------------------------------------------------- objects
+    def send_obj(self, obj, dest, tag=0):
+        self._check_open("send_obj")
+        _wait_request(self.mpi_comm.issend(obj, dest=dest, tag=tag), lambda r: r.test()[0])
+
+    def recv_obj(self, source, status=None, tag=MPI.ANY_TAG):
+        self._check_open("recv_obj")
+        _wait_request(None, lambda _: self.mpi_comm.Iprobe(source=source, tag=tag))
+        return self.mpi_comm.recv(source=source, tag=tag, status=status)
+
+    def bcast_obj(self, obj, max_buf_len=DEFAULT_MAX_BUF_LEN, root=0):
+        """Pickles on root and broadcasts the bytes in pieces of at most
+        max_buf_len (MPI counts are C ints). Other ranks' `obj` is ignored."""
+        self._check_open("bcast_obj")
+        root = self._check_root("bcast_obj", root)
+        if max_buf_len is None:
+            max_buf_len = DEFAULT_MAX_BUF_LEN
+        if not 0 < max_buf_len < 2 ** 31:
+            raise ValueError(f"bcast_obj: max_buf_len must be in (0, 2**31), got {max_buf_len}")
+        payload = None
+        if self.rank == root:
+            payload = bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        total = self.mpi_comm.bcast(len(payload) if payload is not None else None, root=root)
+        if payload is None:
+            payload = bytearray(total)
+        view = memoryview(payload)
+        for start in range(0, total, max_buf_len):
+            self.mpi_comm.Bcast([view[start:start + max_buf_len], MPI.BYTE], root=root)
+        return obj if self.rank == root else pickle.loads(payload)
+
+    def gather_obj(self, obj, root=0):
+        self._check_open("gather_obj")
+        return self.mpi_comm.gather(obj, root=self._check_root("gather_obj", root))
+
+    def allreduce_obj(self, obj):
+        """Sum (`+`) of every rank's object."""
+        self._check_open("allreduce_obj")
+        return self.mpi_comm.allreduce(obj, op=MPI.SUM)
+
+    # ------------------------------------------------------ model data
+    def _params(self, model):
+        for name, param in sorted(model.namedparams()):
+            if param.array is not None:
+                yield name, param
+
+    def bcast_data(self, model):
+        """Every initialised parameter takes rank 0's values, one named
+        broadcast per parameter (the core fuses them)."""
+        self._check_open("bcast_data")
+        root = self._global[0]
+        pending = []
+        for name, param in self._params(model):
+            arr = _array(param.array, f"bcast_data of {name}")
+            out = arr if _contiguous_writeable(arr) else None
+            handle = hvd.broadcast_async(arr, root, name=f"{self._prefix}.data{name}",
+                                         process_set=self._ps, output=out)
+            pending.append((param, handle, out is None))
+        for param, handle, copy_back in pending:
+            result = hvd.synchronize(handle)
+            if copy_back:
+                param.array[...] = result
+
+    def _mean_async(self, arr, name):
+        """Starts averaging `arr` over the ranks, in place when it can be."""
+        out = arr if _contiguous_writeable(arr) else None
+        return hvd.allreduce_async(arr, op=hvd.Average, name=name, process_set=self._ps,
+                                   output=out), out is None
+
+    def _start_mean_grad(self, params):
+        """Starts averaging the gradients of (name, param) pairs; returns what
+        `_finish_mean_grad` waits on."""
+        pending = []
+        for name, param in params:
+            grad = _array(param.grad, f"multi_node_mean_grad of {name}", reducible=True)
+            handle, copy_back = self._mean_async(grad, f"{self._prefix}.grad{name}")
+            pending.append((param, grad, handle, copy_back))
+        return pending
+
+    @staticmethod
+    def _finish_mean_grad(pending):
+        for param, grad, handle, copy_back in pending:
+            result = hvd.synchronize(handle)
+            if copy_back:
+                grad[...] = result
+
+    def _grad_params(self, model, zero_fill):
+        params = []
+        for name, param in self._params(model):
+            if param.grad is None:
+                if not zero_fill:
+                    continue
+                param.grad = np.zeros_like(param.array)
+            params.append((name, param))
+        return params
+
+    def multi_node_mean_grad(self, model, zero_fill=False):
+        self._check_open("multi_node_mean_grad")
+        self._finish_mean_grad(self._start_mean_grad(self._grad_params(model, zero_fill)))
+
+    def _multi_node_mean(self, sendbuf, recvbuf):
+        """ChainerMN's helper: recvbuf becomes the mean over the ranks of
+        sendbuf (of recvbuf itself when sendbuf is None)."""
+        self._check_open("_multi_node_mean")
+        src = recvbuf if sendbuf is None else np.asarray(sendbuf)
+        result = hvd.allreduce(src, op=hvd.Average, name=self._name("mean"),
+                               process_set=self._ps)
+        recvbuf[...] = result
+        return recvbuf
+
+    # -------------------------------------------------------------- split
+    def split(self, color, key):
+        """MPI_Comm_split. Every rank of this communicator calls it; each new
+        group's tensors run on a coordinator process set, registered here on
+        every rank in the same order. Ranks with color MPI.UNDEFINED get None."""
+        self._check_open("split")
+        if self._ps is not hvd.global_process_set:
+            raise NotImplementedError(
+                "split of a communicator that was itself split: registering a process set "
+                "needs every coordinator rank, and ranks outside this communicator are not "
+                "taking part; split the whole-job communicator instead")
+        info = self.mpi_comm.allgather((color, key))
+        bad = [(r, c) for r, (c, _) in enumerate(info)
+               if c != MPI.UNDEFINED and (not isinstance(c, (int, np.integer)) or c < 0)]
+        if bad:
+            raise ValueError("split: colors must be non-negative integers or MPI.UNDEFINED; "
+                             + ", ".join(f"rank {r} gave {c!r}" for r, c in bad))
+        sub = self.mpi_comm.Split(color, key)
+        serial = next(_serials)
+        groups = {}
+        for r, (c, k) in enumerate(info):
+            if c != MPI.UNDEFINED:
+                groups.setdefault(int(c), []).append((k, r))
+        sets = {c: _process_set_for(sorted(self._global[r] for _, r in members))
+                for c, members in sorted(groups.items())}
+        if color == MPI.UNDEFINED:
+            return None
+        try:
+            return type(self)(sub, name=self.name, _process_set=sets[int(color)],
+                              _prefix=f"{self._prefix}.split{serial}.{int(color)}")
+        finally:
+            sub.Free()
+
+    def finalize(self):
+        if not self._finalized:
+            self._finalized = True
+            self.mpi_comm.Free()
+
+
+def _process_set_for(global_ranks):
+    """The coordinator process set over `global_ranks`, registered on every
+    rank if it is new (all ranks call this, in the same order)."""
+    if list(global_ranks) == list(range(hvd.size())):
+        return hvd.global_process_set
+    key = tuple(global_ranks)
+    ps = _process_sets.get(key)
+    if ps is not None and ps.process_set_id is not None:
+        return ps
+    ps = hvd.ProcessSet(list(global_ranks))
+    basics.ensure_initialized(process_sets=[ps])
+    _process_sets[key] = ps
+    return ps

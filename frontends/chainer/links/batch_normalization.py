@@ -1,0 +1,136 @@
+"""MultiNodeBatchNormalization: batch normalization over the global batch.
+
+With Chainer's BatchNormalization each rank normalises with its own batch's
+statistics, which are noisy when the per-rank batch is small. This link
+averages the statistics over the ranks: forward uses the mean and variance
+of the whole global batch (the mean of per-rank E[x] and E[x^2]), and
+backward averages the per-rank sums of gy and gy * x_hat, so each rank's
+input gradient is that of normalising the global batch. One allreduce of
+2 * channels values runs in each direction, on the coordinator.
+
+As in ChainerMN, the running variance's unbiased correction uses the local
+batch size, and gamma's and beta's gradients come out as the mean over the
+ranks of the per-rank sums.
+"""
+
+import copy
+import itertools
+
+import numpy as np
+
+import chainer
+from chainer import initializers, link, variable
+from chainer.functions.normalization import batch_normalization as bn
+import coordinator as hvd
+
+_instances = itertools.count()
+
+
+class _GlobalStatsImpl(bn.GeneralBatchNormalizationImpl):
+    """Chainer's CPU batch normalization, with statistics averaged over ranks."""
+
+    def __init__(self, comm, name):
+        self.comm = comm
+        self.name = name
+
+    def _mean_over_ranks(self, tmp, what):
+        return hvd.allreduce(tmp, op=hvd.Average, name=f"{self.name}.{what}",
+                             process_set=self.comm.process_set, output=tmp)
+
+    def get_mean_and_var(self, axis, gamma, x, xp, interm_dtype):
+        n = gamma.size
+        tmp = np.empty(2 * n, dtype=gamma.dtype)
+        x.mean(axis=axis, out=tmp[:n], dtype=gamma.dtype)
+        np.square(x).mean(axis=axis, out=tmp[n:], dtype=gamma.dtype)
+        self._mean_over_ranks(tmp, "stats")
+        mean = tmp[:n]
+        return mean, tmp[n:] - np.square(mean)
+
+    def get_ggamma_and_gbeta(self, axis, gamma, gy, x_hat, xp):
+        n = gamma.size
+        tmp = np.empty(2 * n, dtype=gamma.dtype)
+        gy.sum(axis=axis, out=tmp[:n], dtype=gamma.dtype)
+        (gy * x_hat).sum(axis=axis, out=tmp[n:], dtype=gamma.dtype)
+        self._mean_over_ranks(tmp, "grads")
+        return tmp[:n], tmp[n:]
+
+
+def _check_backend(comm, communication_backend):
+    if communication_backend not in ("mpi", "nccl", "auto"):
+        raise ValueError(f"MultiNodeBatchNormalization does not support "
+                         f"{communication_backend}.")
+    if communication_backend == "nccl":
+        raise ValueError("MultiNodeBatchNormalization: communication_backend='nccl' needs "
+                         "the pure_nccl GPU communicator; the coordinator has no GPU backend "
+                         "yet (use 'mpi' or 'auto')")
+
+
+class MultiNodeBatchNormalization(link.Link):
+    """Batch normalization whose batch statistics span every rank of `comm`.
+
+    Arguments are those of ChainerMN's link: size (channels), comm, decay,
+    eps, dtype, use_gamma, use_beta, initial_gamma, initial_beta and
+    communication_backend ('mpi' or 'auto'; both use the coordinator)."""
+
+    def __init__(self, size, comm, decay=0.9, eps=2e-5, dtype=None, use_gamma=True,
+                 use_beta=True, initial_gamma=None, initial_beta=None,
+                 communication_backend="auto"):
+        super().__init__()
+        _check_backend(comm, communication_backend)
+        self._highprec_dtype = chainer.get_dtype(dtype, map_mixed16=np.float32)
+        self.comm = comm
+        # All ranks build their models in the same order, so this name agrees.
+        self._name = f"{comm._prefix}.mnbn.{next(_instances)}"
+        self.avg_mean = np.zeros(size, dtype=self._highprec_dtype)
+        self.register_persistent("avg_mean")
+        self.avg_var = np.zeros(size, dtype=self._highprec_dtype)
+        self.register_persistent("avg_var")
+        self.N = 0
+        self.register_persistent("N")
+        self.decay = decay
+        self.eps = eps
+        with self.init_scope():
+            if use_gamma:
+                init = initializers._get_initializer(1 if initial_gamma is None
+                                                     else initial_gamma)
+                init.dtype = self._highprec_dtype
+                self.gamma = variable.Parameter(init, size)
+            if use_beta:
+                init = initializers._get_initializer(0 if initial_beta is None
+                                                     else initial_beta)
+                init.dtype = self._highprec_dtype
+                self.beta = variable.Parameter(init, size)
+
+    def forward(self, x, finetune=False):
+        shape = self.avg_mean.shape
+        gamma = self.gamma if hasattr(self, "gamma") else variable.Variable(
+            np.ones(shape, dtype=self._highprec_dtype))
+        beta = self.beta if hasattr(self, "beta") else variable.Variable(
+            np.zeros(shape, dtype=self._highprec_dtype))
+        if not chainer.config.train:
+            return bn.fixed_batch_normalization(x, gamma, beta, variable.Variable(self.avg_mean),
+                                                variable.Variable(self.avg_var), self.eps)
+        if finetune:
+            self.N += 1
+            decay = 1.0 - 1.0 / self.N
+        else:
+            decay = self.decay
+        impl = _GlobalStatsImpl(self.comm, self._name)
+        func = bn.BatchNormalization(self.eps, self.avg_mean, self.avg_var, decay,
+                                     impl_selector=lambda f, inputs: impl)
+        y = func.apply((x, gamma, beta))[0]
+        self.avg_mean[...] = func.running_mean
+        self.avg_var[...] = func.running_var
+        return y
+
+    def start_finetuning(self):
+        """Restarts the population count of fine-tuning mode."""
+        self.N = 0
+
+    def __deepcopy__(self, memo):
+        """Copies everything but the communicator, which the copy shares."""
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update({k: v if k == "comm" else copy.deepcopy(v, memo)
+                               for k, v in self.__dict__.items()})
+        return clone
