@@ -12,6 +12,8 @@ same pass. They are the NumPy reference that native kernels must match.
 
 import numpy as np
 
+from coordinator import native
+
 _EMPTY = np.empty(0, dtype=np.uint8)
 
 
@@ -45,7 +47,7 @@ def copy_scaled(src, dst, scale):
     """dst[...] = src * scale, in dst's dtype; src and dst are 1-D, same size."""
     if scale == 1.0:
         np.copyto(dst, src, casting="unsafe")
-    elif src.dtype == dst.dtype and dst.dtype.kind == "f":
+    elif src.dtype == dst.dtype and dst.dtype.kind == "f" and dst.dtype.itemsize >= 4:
         np.multiply(src, dst.dtype.type(scale), out=dst)
     else:
         np.copyto(dst, src, casting="unsafe")
@@ -57,7 +59,9 @@ def scale_inplace(arr, scale):
         return
     if arr.dtype.kind == "f" and arr.dtype.itemsize >= 4:
         np.multiply(arr, arr.dtype.type(scale), out=arr)
-    else:  # integers and float16: scale in float64, round toward zero
+    elif arr.dtype in native.KINDS:  # float16, bfloat16: one native pass
+        native.scale16(arr, scale)
+    else:  # integers: scale in float64, round toward zero
         np.copyto(arr, arr * float(scale), casting="unsafe")
 
 

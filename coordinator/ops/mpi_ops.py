@@ -8,17 +8,9 @@ order was decided by the controller; nothing here decides anything.
 import numpy as np
 from mpi4py import MPI
 
-from coordinator import dtypes
+from coordinator import dtypes, native
 from coordinator.fusion import as_bytes, copy_scaled, pack, scale_inplace, unpack
 from coordinator.wire import pb
-
-MPI_REDUCE_OPS = {
-    pb.SUM: MPI.SUM,
-    pb.AVERAGE: MPI.SUM,
-    pb.MIN: MPI.MIN,
-    pb.MAX: MPI.MAX,
-    pb.PRODUCT: MPI.PROD,
-}
 
 BYTE_SEGMENT_TYPES = {pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL}
 
@@ -83,9 +75,7 @@ class MPIOps:
     def allreduce(self, response, entries, names):
         comm = self._comm(response)
         info = dtypes.BY_WIRE[response.dtype]
-        rdtype = info.reduce_dtype
-        mpi_type = dtypes.mpi_datatype(rdtype)
-        mpi_op = MPI_REDUCE_OPS[response.reduce_op]
+        rdtype, mpi_type, mpi_op = native.reduction(info, response.reduce_op)
         pre = response.prescale
         post = response.postscale
         if response.reduce_op == pb.AVERAGE:
@@ -224,9 +214,7 @@ class MPIOps:
         comm = self._comm(response)
         size, me = comm.size, comm.rank
         info = dtypes.BY_WIRE[response.dtype]
-        rdtype = info.reduce_dtype
-        mpi_type = dtypes.mpi_datatype(rdtype)
-        mpi_op = MPI_REDUCE_OPS[response.reduce_op]
+        rdtype, mpi_type, mpi_op = native.reduction(info, response.reduce_op)
         post = response.postscale
         if response.reduce_op == pb.AVERAGE:
             post = post / size

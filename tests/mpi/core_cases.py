@@ -444,3 +444,25 @@ def case_adasum_matches_the_published_formula(hvd):
     exc = expect_raises(ValueError, hvd.allreduce, np.ones(2, np.int32), op=hvd.Adasum,
                         name="adasum.int")
     assert "floating-point" in str(exc)
+
+
+def case_16_bit_floats_round_once_per_reduction_step(hvd):
+    """float16/bfloat16 travel as 16-bit data; each pairwise step is computed
+    in float32 and rounded to nearest-even, as the NumPy reference does."""
+    n, me = hvd.size(), hvd.rank()
+    for dtype in [np.float16] + ([BF16] if BF16 is not None else []):
+        rng = [np.random.default_rng(70 + r) for r in range(n)]
+        vals = [g.standard_normal(1001).astype(np.float32).astype(dtype) for g in rng]
+        out = hvd.allreduce(vals[me], op=hvd.Sum, name=f"half.{np.dtype(dtype).name}")
+        if n == 2:  # one step: exactly round(a + b)
+            exp = (vals[0].astype(np.float32) + vals[1].astype(np.float32)).astype(dtype)
+            assert_equal(out, exp, np.dtype(dtype).name)
+        else:  # the order of steps is MPI's; stay within a few 16-bit ulps
+            exact = np.sum([v.astype(np.float64) for v in vals], axis=0)
+            np.testing.assert_allclose(out.astype(np.float64), exact, rtol=0.05, atol=0.05)
+        # identical on every rank
+        gathered = hvd.allgather(out[None], name=f"half.check.{np.dtype(dtype).name}")
+        assert all(np.array_equal(gathered[0].view(np.uint16), g.view(np.uint16))
+                   for g in gathered)
+        scaled = hvd.allreduce(vals[me], op=hvd.Average, name=f"half.avg.{np.dtype(dtype).name}")
+        assert scaled.dtype == np.dtype(dtype)
