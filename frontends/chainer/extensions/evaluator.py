@@ -21,7 +21,8 @@ def _as_array(value):
     arr = np.asarray(value)
     if arr.dtype.kind not in "f":
         arr = arr.astype(np.float64)
-    return np.ascontiguousarray(arr)
+    # (np.ascontiguousarray would turn a 0-d array into shape (1,))
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def mean_over_ranks(communicator, values, tag="eval"):
@@ -43,7 +44,7 @@ def mean_over_ranks(communicator, values, tag="eval"):
     out = {}
     for key, mean in zip(keys, means):
         original = values[key]
-        is_array = isinstance(original, np.ndarray) or isinstance(original, chainer.Variable)
+        is_array = isinstance(original, (np.ndarray, chainer.Variable))
         out[key] = mean if is_array and mean.ndim else mean[()]
     return out
 

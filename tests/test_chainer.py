@@ -1,0 +1,68 @@
+"""The Chainer frontend's single-process parts: dataset ranges, the GPU
+communicator names, and importing Chainer 7.8.1 on a current toolchain."""
+
+import numpy as np
+import pytest
+
+import frontends.chainer as chainermn
+from frontends.chainer import _import_chainer
+from frontends.chainer.communicators import GPU_COMMUNICATORS
+from frontends.chainer.datasets import index_ranges
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("n", [0, 1, 5, 10, 23, 100])
+def test_exact_ranges_partition_the_dataset_with_sizes_differing_by_at_most_one(n, size):
+    ranges = index_ranges(n, size, force_equal_length=False)
+    covered = np.concatenate([np.arange(b, e) for b, e in ranges])
+    np.testing.assert_array_equal(covered, np.arange(n))
+    lengths = [e - b for b, e in ranges]
+    assert max(lengths) - min(lengths) <= 1
+    assert lengths == sorted(lengths, reverse=True)  # the longer ones come first
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("n", [0, 1, 5, 10, 23, 100])
+def test_equal_length_ranges_cover_everything_inside_the_dataset(n, size):
+    ranges = index_ranges(n, size)
+    assert {e - b for b, e in ranges} == {-(-n // size)}
+    assert all(0 <= b <= e <= n for b, e in ranges)
+    covered = set().union(*(range(b, e) for b, e in ranges))
+    assert covered == set(range(n))
+    duplicates = sum(e - b for b, e in ranges) - n
+    assert duplicates == (-n) % size  # only the padding is repeated
+
+
+@pytest.mark.parametrize("name", sorted(GPU_COMMUNICATORS))
+def test_gpu_communicator_names_raise_before_touching_mpi(name):
+    with pytest.raises(RuntimeError, match="no GPU backend") as info:
+        chainermn.create_communicator(name)
+    assert repr(name) in str(info.value) and "'naive'" in str(info.value)
+
+
+def test_unknown_communicator_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="Unrecognized communicator") as info:
+        chainermn.create_communicator("fancy")
+    for name in ("naive", "pure_nccl", "hierarchical", "two_dimensional", "single_node"):
+        assert name in str(info.value)
+
+
+def test_chainermn_names_are_all_there():
+    for name in ("create_communicator", "CommunicatorBase", "create_multi_node_optimizer",
+                 "scatter_dataset", "scatter_index", "create_empty_dataset", "DataSizeError",
+                 "create_multi_node_evaluator", "create_multi_node_checkpointer"):
+        assert hasattr(chainermn, name), name
+    assert hasattr(chainermn.links, "MultiNodeBatchNormalization")
+    assert hasattr(chainermn.iterators, "create_synchronized_iterator")
+    assert hasattr(chainermn.iterators, "create_multi_node_iterator")
+    assert hasattr(chainermn.extensions, "AllreducePersistent")
+    assert chainermn.__version__ == "7.8.1"
+
+
+def test_chainer_environment_check_is_skipped_only_when_it_cannot_run():
+    import sys
+
+    check = sys.modules["chainer._environment_check"]
+    skipped = (check.__doc__ or "").startswith("Chainer's import-time environment check, "
+                                               "skipped")
+    assert skipped == (not _import_chainer.environment_check_can_run())
