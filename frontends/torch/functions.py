@@ -1,0 +1,134 @@
+"""Model and object helpers: broadcast_parameters, broadcast_optimizer_state,
+broadcast_object, allgather_object."""
+
+import io
+
+import torch
+
+from coordinator.process_sets import global_process_set
+from frontends.torch.mpi_ops import (allgather, broadcast_, broadcast_async_, rank, size,
+                                     synchronize)
+
+try:
+    import cloudpickle as _pickle
+except ImportError:  # pragma: no cover - cloudpickle is a dependency
+    import pickle as _pickle
+
+
+def broadcast_parameters(params, root_rank):
+    """Overwrites tensors on every rank with root_rank's, in place.
+
+    params: a dict (e.g. `model.state_dict()`, processed in sorted key
+    order, keys used as names) or a list of tensors or (name, tensor) pairs
+    (e.g. `model.named_parameters()` as a list)."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError(f"invalid params of type: {type(params)}")
+    handles = [broadcast_async_(p, root_rank, name) for name, p in items]
+    for handle in handles:
+        synchronize(handle)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Pickles `obj` on root_rank and returns root_rank's object on every rank
+    (two broadcasts: `<name>.sz`, then `<name>.t`; name defaults to the type's
+    name)."""
+    if name is None:
+        name = type(obj).__name__
+    if rank() == root_rank:
+        buf = io.BytesIO()
+        _pickle.dump(obj, buf)
+        payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+        broadcast_(length, root_rank, f"{name}.sz", process_set)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+        broadcast_(length, root_rank, f"{name}.sz", process_set)
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, f"{name}.t", process_set)
+    if rank() == root_rank:
+        return obj
+    return _pickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Pickles `obj` on every rank; returns the list of every rank's object,
+    in rank order."""
+    if name is None:
+        name = type(obj).__name__
+    payload = torch.frombuffer(bytearray(_pickle.dumps(obj)), dtype=torch.uint8)
+    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
+                        name=f"{name}.sz", process_set=process_set).tolist()
+    gathered = allgather(payload, name=f"{name}.t", process_set=process_set).numpy()
+    out, start = [], 0
+    for n in lengths:
+        out.append(_pickle.loads(gathered[start:start + n].tobytes()))
+        start += n
+    return out
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """Makes every rank's optimizer state and hyper-parameters (lr, momentum,
+    ...) identical to root_rank's.
+
+    The root sends the state's structure (nesting, scalars, each tensor's
+    shape and dtype) as one pickled object; then every state tensor goes by
+    in-place broadcast; other ranks load the result with load_state_dict.
+    Unlike Horovod, no dummy step initialises an empty state first, so
+    parameters are never touched and an empty state stays empty; any
+    optimizer whose state_dict loads back works, L-BFGS included. `model` is
+    accepted for Horovod compatibility and not needed."""
+    del model
+    state_dict = optimizer.state_dict()
+    is_root = rank() == root_rank
+    tensors = []
+    skeleton = _strip_tensors(state_dict, tensors) if is_root else None
+    skeleton = broadcast_object(skeleton, root_rank, name="optimizer_state.skeleton")
+    if not is_root:
+        tensors = []
+        state_dict = _rebuild(skeleton, tensors)
+    handles = [broadcast_async_(t, root_rank, name=f"optimizer_state.{i}")
+               for i, t in enumerate(tensors)]
+    for handle in handles:
+        synchronize(handle)
+    if not is_root:
+        optimizer.load_state_dict(state_dict)
+
+
+class _TensorSlot:
+    """Stands for a tensor in the pickled skeleton of a state dict."""
+
+    def __init__(self, tensor):
+        self.shape = tuple(tensor.shape)
+        self.dtype = tensor.dtype
+
+
+def _strip_tensors(obj, tensors):
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj.detach().contiguous() if not obj.is_contiguous() else obj.detach())
+        return _TensorSlot(obj)
+    return _map_containers(obj, lambda v: _strip_tensors(v, tensors))
+
+
+def _rebuild(obj, tensors):
+    if isinstance(obj, _TensorSlot):
+        t = torch.empty(obj.shape, dtype=obj.dtype)
+        tensors.append(t)
+        return t
+    return _map_containers(obj, lambda v: _rebuild(v, tensors))
+
+
+def _map_containers(obj, fn):
+    """Applies fn to the items of a dict, list or tuple (in order); other
+    objects are returned as they are."""
+    if isinstance(obj, dict):
+        return {k: fn(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [fn(v) for v in obj]
+    if isinstance(obj, tuple):
+        items = [fn(v) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    return obj
