@@ -1,0 +1,91 @@
+"""Horovod's `horovod.tensorflow` API for TensorFlow 2 on the coordinator.
+
+    import frontends.tensorflow as hvd
+
+    hvd.init()
+    with tf.GradientTape() as tape:
+        loss = ...
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+
+Everything is Python over the shared coordinator (no TensorFlow custom ops,
+so nothing is compiled against TensorFlow). Collectives work eagerly and
+inside tf.function; they cannot be compiled by XLA (jit_compile=True raises
+InvalidArgumentError at trace time). See mpi_ops.py for names and ordering,
+tensor_bridge.py for copies, errors.py for exception types.
+"""
+
+from coordinator import ProcessSet, add_process_set, global_process_set, remove_process_set
+from frontends.tensorflow.basics import (ccl_built, cross_rank, cross_size, cuda_built,
+                                         ddl_built, gloo_built, gloo_enabled, init,
+                                         is_homogeneous, is_initialized, local_rank, local_size,
+                                         mpi_built, mpi_enabled, mpi_threads_supported,
+                                         nccl_built, rank, rocm_built, shutdown, size,
+                                         start_timeline, stop_timeline)
+from frontends.tensorflow.collectives import (allreduce, grouped_allreduce,
+                                              grouped_reducescatter,
+                                              handle_average_backwards_compatibility,
+                                              reducescatter)
+from frontends.tensorflow.compression import Compression
+from frontends.tensorflow.functions import (allgather_object, broadcast_, broadcast_object,
+                                            broadcast_variables)
+from frontends.tensorflow.gradient_tape import (DistributedGradientTape,
+                                                PartialDistributedGradientTape)
+from frontends.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum,
+                                          _executing_eagerly, allgather, alltoall, barrier,
+                                          broadcast, grouped_allgather, join, local_rank_op,
+                                          local_size_op, process_set_included_op, rank_op,
+                                          size_op)
+from frontends.tensorflow.sync_batch_norm import SyncBatchNormalization
+
+
+def broadcast_global_variables(root_rank):
+    """TensorFlow 1 graph collections only; TensorFlow 2 code calls
+    broadcast_variables(<variables>, root_rank)."""
+    raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
+                       "Please use `hvd.broadcast_variables(<model/optimizer variables>)` "
+                       "instead.")
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """For a Keras optimizer, the Keras DistributedOptimizer (see
+    frontends.tensorflow.keras). TensorFlow 1 optimizers
+    (tf.compat.v1.train.Optimizer) are not supported."""
+    import keras
+
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise NotImplementedError(
+            f"DistributedOptimizer wraps Keras 3 optimizers; {type(optimizer).__name__} is "
+            "not one. For a custom training loop use hvd.DistributedGradientTape.")
+    if op == Adasum:
+        raise ValueError("op == Adasum is not supported yet with Keras")
+    from frontends.tensorflow.keras.optimizer import DistributedOptimizer as _keras_optimizer
+
+    return _keras_optimizer(optimizer, name=name, compression=compression,
+                            sparse_as_dense=sparse_as_dense,
+                            gradient_predivide_factor=gradient_predivide_factor, op=op,
+                            backward_passes_per_step=backward_passes_per_step,
+                            average_aggregated_gradients=average_aggregated_gradients,
+                            num_groups=num_groups, groups=groups, process_set=process_set,
+                            scale_local_gradients=scale_local_gradients)
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
+    "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built",
+    "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built",
+    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
+    "broadcast_variables", "broadcast_object", "allgather_object",
+    "broadcast_global_variables", "Compression", "DistributedGradientTape",
+    "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",
+    "handle_average_backwards_compatibility",
+]

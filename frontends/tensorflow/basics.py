@@ -1,0 +1,82 @@
+"""Starting the coordinator from TensorFlow, and what the job looks like."""
+
+import importlib.util
+
+import coordinator as core
+from coordinator import basics as _core_basics
+
+
+def init(comm=None, process_sets=None):
+    """Starts the coordinator, or joins the one already running in this
+    process (PyTorch and TensorFlow in one process share it). Calling it
+    again is harmless, as in Horovod.
+
+    comm: an mpi4py communicator or a list of global ranks (default: all).
+    process_sets: ProcessSets to register now, or "dynamic"."""
+    _core_basics.ensure_initialized(comm, process_sets)
+
+
+def shutdown():
+    """Stops the coordinator; collectives still in flight fail."""
+    core.shutdown()
+
+
+is_initialized = core.is_initialized
+size = core.size
+rank = core.rank
+local_size = core.local_size
+local_rank = core.local_rank
+cross_size = core.cross_size
+cross_rank = core.cross_rank
+is_homogeneous = core.is_homogeneous
+mpi_threads_supported = core.mpi_threads_supported
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing the coordinator's timeline (a Chrome trace) to
+    `file_path`; rank 0 writes it."""
+    core.start_timeline(file_path, mark_cycles=mark_cycles)
+
+
+def stop_timeline():
+    """Stops writing the timeline and closes the file."""
+    core.stop_timeline()
+
+
+# What this build holds. Data moves over MPI (mpi4py); there is no Gloo,
+# NCCL, oneCCL, DDL, CUDA or ROCm code, so those report False (NCCL: 0, the
+# version code Horovod returns when it is absent).
+def mpi_built():
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def mpi_enabled():
+    return core.is_initialized()
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    return 0
+
+
+def ccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False

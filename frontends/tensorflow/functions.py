@@ -1,0 +1,113 @@
+"""Broadcasting variables and Python objects (Horovod's tensorflow.functions).
+
+Eagerly, broadcast_variables submits every variable's broadcast before
+waiting for any, so they negotiate together and the core fuses them; each
+result arrives in an aligned buffer that becomes a tensor without a copy, and
+`assign` makes the one copy into the variable. Inside a tf.function each
+variable gets a broadcast op and an assign.
+
+Objects travel as cloudpickle bytes: a broadcast (or allgather) of their
+length, then of the bytes, under `<name>.sz` and `<name>.t` as in Horovod.
+"""
+
+import cloudpickle
+import numpy as np
+import tensorflow as tf
+
+import coordinator as core
+from coordinator.process_sets import global_process_set
+from frontends.tensorflow import errors, mpi_ops
+from frontends.tensorflow import tensor_bridge as bridge
+
+
+def _variable_name(var):
+    return getattr(var, "path", None) or var.name
+
+
+def _broadcast_eagerly(variables, root_rank, process_set, prefix):
+    pending = []
+    try:
+        for i, var in enumerate(variables):
+            value = tf.convert_to_tensor(var)
+            array = bridge.as_numpy(value)
+            output = bridge.aligned_empty(array.shape, array.dtype)
+            name = f"{prefix}.{i}.{mpi_ops._normalize_name(_variable_name(var))}"
+            handle = core.broadcast_async(array, root_rank, name=name,
+                                          process_set=process_set, output=output)
+            # `value` stays referenced until the broadcast has read it.
+            pending.append((var, value, output, handle))
+        for var, _, output, handle in pending:
+            core.synchronize(handle)
+            var.assign(bridge.to_tensor(output))
+    except Exception as exc:  # noqa: BLE001 - translated to Horovod's tf.errors types
+        translated = errors.translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Sets every variable to its value on `root_rank` (a global rank), on
+    every rank of `process_set`. `inplace` is accepted for compatibility;
+    the values always arrive in new buffers and are assigned. Inside a
+    tf.function returns the op grouping the assignments."""
+    variables = list(variables)
+    if tf.executing_eagerly():
+        _broadcast_eagerly(variables, root_rank, process_set, "HorovodBroadcastVariables")
+        return None
+    return tf.group(*[var.assign(mpi_ops.broadcast(var, root_rank, process_set=process_set))
+                      for var in variables])
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Broadcasts `variables` from `root_rank` into themselves and returns
+    their new values."""
+    variables = list(variables)
+    if tf.executing_eagerly():
+        _broadcast_eagerly(variables, root_rank, process_set,
+                           name or "HorovodBroadcastInplace")
+        return [tf.convert_to_tensor(v) for v in variables]
+    return [var.assign(mpi_ops.broadcast(var, root_rank, process_set=process_set))
+            for var in variables]
+
+
+def _eager_only(what):
+    if not tf.executing_eagerly():
+        raise RuntimeError(f"{what} works on Python objects and runs eagerly; call it "
+                           "outside tf.function")
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None,
+                     process_set=global_process_set):
+    """Returns `root_rank`'s `obj` (pickled with cloudpickle) on every rank
+    of `process_set`. `session` is accepted for compatibility (TF1)."""
+    _eager_only("broadcast_object")
+    name = name or type(obj).__name__
+    if core.rank() == root_rank:
+        payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
+        length = np.array([payload.size], np.int64)
+    else:
+        payload, length = None, np.zeros(1, np.int64)
+    length = errors.call(core.broadcast, length, root_rank, name=name + ".sz",
+                         process_set=process_set)
+    if payload is None:
+        payload = np.zeros(int(length[0]), np.uint8)
+    payload = errors.call(core.broadcast, payload, root_rank, name=name + ".t",
+                          process_set=process_set)
+    if core.rank() == root_rank:
+        return obj
+    return cloudpickle.loads(payload.tobytes())
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Returns the list of every rank's `obj` (pickled with cloudpickle), in
+    rank order of `process_set`."""
+    _eager_only("allgather_object")
+    name = name or type(obj).__name__
+    payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
+    lengths = errors.call(core.allgather, np.array([payload.size], np.int64),
+                          name=name + ".sz", process_set=process_set)
+    gathered = errors.call(core.allgather, payload, name=name + ".t", process_set=process_set)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return [cloudpickle.loads(gathered[offsets[i]:offsets[i + 1]].tobytes())
+            for i in range(len(lengths))]
