@@ -120,8 +120,24 @@ def _with_gradient(forward, backward, tensors):
     return list(op(*tensors))
 
 
-def _convert(tensors):
-    return [tf.convert_to_tensor(t) for t in tensors]
+# The dtypes the core moves; reductions exclude bool. (Horovod's allreduce op
+# takes int32, int64, float16, float32, float64; the core also reduces
+# uint8, int8, int16 and bfloat16. uint16 is not supported.)
+_MOVABLE = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
+            tf.float32, tf.float64, tf.bool)
+_REDUCIBLE = _MOVABLE[:-1]
+
+
+def _check_dtypes(tensors, what, allowed):
+    for t in tensors:
+        if t.dtype not in allowed:
+            raise TypeError(f"{what}: DataType {t.dtype.name} not in list of allowed values: "
+                            f"{', '.join(d.name for d in allowed)}")
+    return tensors
+
+
+def _convert(tensors, what="collective", allowed=_MOVABLE):
+    return _check_dtypes([tf.convert_to_tensor(t) for t in tensors], what, allowed)
 
 
 def _name_of(tensor):
@@ -168,7 +184,7 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
                ignore_name_scope=False, process_set=global_process_set):
     """Reduces `tensor` over the ranks of `process_set`. `op` goes to the core
     as is (default Sum); no compression, no sparse tensors."""
-    tensor = tf.convert_to_tensor(tensor)
+    (tensor,) = _convert([tensor], "allreduce", _REDUCIBLE)
     op_name = _op_name("HorovodAllreduce", _name_of(tensor), name, ignore_name_scope)
     return _allreduce_op([tensor], op_name, True, op, prescale_factor, postscale_factor,
                          ignore_name_scope, process_set)[0]
@@ -178,7 +194,7 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
                        ignore_name_scope=False, process_set=global_process_set):
     """Reduces every tensor of `tensors` in one negotiation (the core fuses
     them); returns a list."""
-    tensors = _convert(tensors)
+    tensors = _convert(tensors, "grouped_allreduce", _REDUCIBLE)
     if not tensors:
         return []
     op_name = _op_name("HorovodGroupedAllreduce", _group_name_of(tensors), name,
@@ -227,7 +243,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     """Concatenates `tensor` with the same tensor of every other rank of
     `process_set` along the first dimension, which may differ per rank; the
     other dimensions must match."""
-    tensor = tf.convert_to_tensor(tensor)
+    (tensor,) = _convert([tensor], "allgather")
     op_name = _op_name("HorovodAllgather", _name_of(tensor), name, ignore_name_scope)
     return _allgather_op([tensor], op_name, True, ignore_name_scope, process_set)[0]
 
@@ -236,7 +252,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """allgather of every tensor of `tensors` in one negotiation; returns a
     list."""
-    tensors = _convert(tensors)
+    tensors = _convert(tensors, "grouped_allgather")
     if not tensors:
         return []
     op_name = _op_name("HorovodGroupedAllgather", _group_name_of(tensors), name,
@@ -249,7 +265,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """Returns `root_rank`'s `tensor` on every rank of `process_set`.
     `root_rank` is a global rank."""
-    tensor = tf.convert_to_tensor(tensor)
+    (tensor,) = _convert([tensor], "broadcast")
     op_name = _op_name("HorovodBroadcast", _name_of(tensor), name, ignore_name_scope)
 
     def body(array):
@@ -263,7 +279,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     def backward(xs, ys, dys):
         dy = _allreduce(dys[0], op=Average, ignore_name_scope=ignore_name_scope,
                         process_set=process_set)
-        return [dy if core.rank() == root_rank else dy * 0]
+        # The same ops on every rank (names come from the graph): scale by 1 or 0.
+        return [dy * tf.constant(1 if core.rank() == root_rank else 0, dy.dtype)]
 
     return _with_gradient(forward, backward, [tensor])[0]
 
@@ -275,7 +292,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     split when `splits` is None) and returns the rows received, concatenated
     in rank order; with `splits`, also the int32 tensor of rows received from
     each rank."""
-    tensor = tf.convert_to_tensor(tensor)
+    (tensor,) = _convert([tensor], "alltoall")
     op_name = _op_name("HorovodAlltoall", _name_of(tensor), name, ignore_name_scope)
     size = _process_set_size(process_set)
 
@@ -337,7 +354,7 @@ def _reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False,
     """Reduces `tensor` over `process_set` and leaves this rank its share of
     the first dimension (the first n % size ranks get one extra row)."""
     _check_reducescatter_op(op)
-    tensor = tf.convert_to_tensor(tensor)
+    (tensor,) = _convert([tensor], "reducescatter", _REDUCIBLE)
     op_name = _op_name("HorovodReducescatter", _name_of(tensor), name, ignore_name_scope)
     return _reducescatter_op([tensor], op_name, True, op, ignore_name_scope, process_set,
                              prescale_factor, postscale_factor)[0]
@@ -348,7 +365,7 @@ def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
                            postscale_factor=1.0):
     """reducescatter of every tensor of `tensors` in one negotiation."""
     _check_reducescatter_op(op)
-    tensors = _convert(tensors)
+    tensors = _convert(tensors, "grouped_reducescatter", _REDUCIBLE)
     if not tensors:
         return []
     op_name = _op_name("HorovodGroupedReducescatter", _group_name_of(tensors), name,

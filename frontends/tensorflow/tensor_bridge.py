@@ -79,4 +79,4 @@ def to_tensor(array):
 def adoptable_result(array):
     """`array` as a `tf.numpy_function` body should return it: TensorFlow
     adopts aligned arrays, and copies the rest itself."""
-    return np.ascontiguousarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
