@@ -85,7 +85,7 @@ class Background:
                 self.size, fusion_threshold=cfg.fusion_threshold,
                 cache_capacity=cfg.cache_capacity, stall_inspector=inspector,
                 timeline=runtime.timeline,
-                cycle_time=cfg.cycle_time_ms / 1000.0)
+                cycle_time=cfg.cycle_time_ms / 1000.0, pack_limit=cfg.pack_limit)
             for pid, ranks in runtime.initial_process_sets.items():
                 self.controller.register_process_set(pid, ranks)
             self._evict_seq = [0] * self.size

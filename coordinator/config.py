@@ -64,6 +64,13 @@ class Config:
     autotune: bool = False
     autotune_log: str = ""
     dynamic_process_sets: bool = False
+    # Allreduces larger than this run as a sequence of MPI calls of this many
+    # bytes (0: one call). Open MPI's large-message allreduce is several times
+    # slower than the same bytes in 4 MiB pieces on shared memory.
+    segment_bytes: int = 4 * MIB
+    # Fused allreduce tensors of at least this many bytes are reduced in place
+    # rather than copied through the fusion buffer (0: copy all).
+    pack_limit: int = 128 * 1024
     # Fixes the number of ranks per simulated host (0: ask MPI).
     local_size_override: int = 0
     # How often an idle background thread wakes to look for control
@@ -95,6 +102,8 @@ class Config:
             autotune=_bool(env, "HOROVOD_AUTOTUNE", False),
             autotune_log=env.get("HOROVOD_AUTOTUNE_LOG", ""),
             dynamic_process_sets=_bool(env, "HOROVOD_DYNAMIC_PROCESS_SETS", False),
+            segment_bytes=_number(env, "COORDINATOR_SEGMENT_BYTES", cls.segment_bytes, int, 0),
+            pack_limit=_number(env, "COORDINATOR_PACK_LIMIT", cls.pack_limit, int, 0),
             local_size_override=_number(env, "COORDINATOR_SIMULATED_LOCAL_SIZE", 0, int, 0),
             idle_poll_interval=_number(env, "COORDINATOR_IDLE_POLL_SECONDS",
                                        cls.idle_poll_interval, float, 0.001),

@@ -136,9 +136,14 @@ def row_nbytes(req):
 
 class Controller:
     def __init__(self, size, fusion_threshold=128 * 1024 * 1024, cache_capacity=1024,
-                 stall_inspector=None, timeline=None, cycle_time=0.0, clock=time.monotonic):
+                 stall_inspector=None, timeline=None, cycle_time=0.0, clock=time.monotonic,
+                 pack_limit=0):
         self.size = size
         self.fusion_threshold = fusion_threshold
+        # Allreduce tensors this big (bytes) are reduced where they are rather
+        # than copied through the fusion buffer; sent to every rank in each
+        # response (0: copy every fused tensor).
+        self.pack_limit = pack_limit
         self.cycle_time = cycle_time
         self.cache = CoordinatorCache(cache_capacity)
         self.stall_inspector = stall_inspector or StallInspector(0, 0, disabled=True)
@@ -323,6 +328,12 @@ class Controller:
         self._ready_bytes += tensor_nbytes(req)
 
     def _validate(self, neg):
+        cached = set(neg.cached.values())
+        if len(cached) == 1 and 0 not in cached and len(neg.cached) == len(neg.requests):
+            # Every rank sent the same cache id: the same, already valid,
+            # description; only checks that depend on joined ranks remain.
+            return (self._check_op(neg, neg.representative()) if self._joined else ""), \
+                pb.INVALID
         reqs = neg.requests
         req = neg.representative()
         ops = {r: q.op for r, q in reqs.items()}
@@ -474,6 +485,8 @@ class Controller:
         resp = pb.Response(op=req.op, process_set_id=negs[0].process_set_id, dtype=req.dtype,
                            reduce_op=req.reduce_op, prescale=req.prescale,
                            postscale=req.postscale, root_rank=req.root_rank, device=req.device)
+        if req.op == pb.ALLREDUCE:
+            resp.pack_limit = self.pack_limit
         cacheable = self.cache.enabled and req.op in CACHEABLE
         named, by_id = [], []
         for neg in negs:

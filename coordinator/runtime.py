@@ -88,7 +88,7 @@ class Runtime:
         self.ops = OperationManager([
             AdasumOps(self.process_sets.comms, self.timeline),
             MPIOps(self.process_sets.comms, self.buffers, self.timeline, self.rank,
-                   self._allreduce_algorithms()),
+                   self._allreduce_algorithms(), self.config.segment_bytes),
         ])
         self.background = Background(self)
         self.background.start()

@@ -277,3 +277,23 @@ def test_add_process_set_is_planned_for_every_rank_with_a_new_id():
     assert plan.recipients == (0, 1, 2)
     assert plan.response.value == 1 and list(plan.response.ranks) == [0, 2]
     assert ctl.process_sets[1] == (0, 2)
+
+
+def test_allreduce_responses_carry_the_pack_limit():
+    ctl = Controller(2, pack_limit=4096)
+    for rank in (0, 1):
+        submit(ctl, rank, req("a"), req("g", op=pb.ALLGATHER))
+    plans = {p.response.op: p.response for p in ctl.take_plans()}
+    assert plans[pb.ALLREDUCE].pack_limit == 4096
+    assert plans[pb.ALLGATHER].pack_limit == 0
+
+
+def test_cached_requests_skip_validation_but_stay_correct():
+    ctl = Controller(2)
+    for rank in (0, 1):
+        submit(ctl, rank, req("a"))
+    cid = ctl.take_plans()[0].response.new_cache_ids[0]
+    for rank in (0, 1):
+        submit(ctl, rank, cached=[cid])
+    (plan,) = ctl.take_plans()
+    assert not plan.response.error and list(plan.response.cache_ids) == [cid]

@@ -5,7 +5,10 @@ import pytest
 from mpi_harness import CaseResults, case_names
 
 MODULE = "tests/mpi/core_cases.py"
-RESULTS = CaseResults(MODULE, env={"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"})
+# Small pack and segment sizes so that every path of the allreduce runs.
+RESULTS = CaseResults(MODULE, env={"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
+                                   "COORDINATOR_PACK_LIMIT": "16384",
+                                   "COORDINATOR_SEGMENT_BYTES": "262144"})
 
 
 @pytest.mark.mpi

@@ -44,8 +44,10 @@ def reducescatter_rows(n, size):
 class MPIOps:
     name = "mpi"
 
-    def __init__(self, comms, buffers, timeline, rank, algorithms=()):
+    def __init__(self, comms, buffers, timeline, rank, algorithms=(), segment_bytes=0):
         self.comms = comms  # process set id -> communicator (this rank's sets)
+        # Allreduces larger than this run as consecutive calls of this size.
+        self.segment_bytes = segment_bytes
         self.buffers = buffers
         self.timeline = timeline
         self.rank = rank
@@ -73,38 +75,59 @@ class MPIOps:
 
     # ----------------------------------------------------------- allreduce
     def allreduce(self, response, entries, names):
+        """Reduces the response's tensors: those below the response's pack
+        limit through the fusion buffer, the others where they are (copying a
+        large tensor in and out costs more than its own MPI call)."""
         comm = self._comm(response)
         info = dtypes.BY_WIRE[response.dtype]
         rdtype, mpi_type, mpi_op = native.reduction(info, response.reduce_op)
-        pre = response.prescale
         post = response.postscale
         if response.reduce_op == pb.AVERAGE:
             post = post / comm.size
-        algorithm = self._algorithm(response)
+        reduce = (comm, self._algorithm(response), mpi_type, mpi_op, response.prescale, post)
         outputs = [e.output if e.output is not None else np.empty(e.shape, info.dtype)
                    for e in entries]
-        if len(entries) == 1 and rdtype == info.dtype:
-            src, out = entries[0].tensor, outputs[0]
-            if algorithm is None and pre == 1.0 and not _same_memory(src, out):
-                self._activity(names, "MPI_ALLREDUCE")
-                comm.Allreduce([src, mpi_type], [out, mpi_type], mpi_op)
-                self._activity_end(names)
-            else:
-                if pre != 1.0 or not _same_memory(src, out):
-                    copy_scaled(src.reshape(-1), out.reshape(-1), pre)
-                self._reduce_inplace(comm, algorithm, out.reshape(-1), mpi_type, mpi_op, names)
-            scale_inplace(out.reshape(-1), post)
-            return outputs
-        total = sum(e.tensor.size for e in entries)
-        buf = self.buffers.get("reduce", total, rdtype)
+        limit = response.pack_limit
+        direct, packed = [], []
+        for i, e in enumerate(entries):
+            big = len(entries) == 1 or (limit and e.tensor.nbytes >= limit)
+            # A dtype reduced in another one (bfloat16 without the native
+            # kernel) always goes through the buffer, which converts it.
+            (direct if big and rdtype == info.dtype else packed).append(i)
+        if len(packed) == 1 and rdtype == info.dtype:
+            direct.append(packed.pop())
+        if packed:
+            self._reduce_packed([entries[i].tensor for i in packed],
+                                [outputs[i] for i in packed], [names[i] for i in packed],
+                                rdtype, reduce)
+        for i in direct:
+            self._reduce_direct(entries[i].tensor, outputs[i], [names[i]], reduce)
+        return outputs
+
+    def _reduce_direct(self, src, out, names, reduce):
+        comm, algorithm, mpi_type, mpi_op, pre, post = reduce
+        src, out = src.reshape(-1), out.reshape(-1)
+        if algorithm is None and pre == 1.0 and not _same_memory(src, out):
+            self._activity(names, "MPI_ALLREDUCE")
+            for part in self._segments(out.nbytes, out.itemsize):
+                comm.Allreduce([src[part], mpi_type], [out[part], mpi_type], mpi_op)
+            self._activity_end(names)
+        else:
+            if pre != 1.0 or not _same_memory(src, out):
+                copy_scaled(src, out, pre)
+            self._reduce_inplace(comm, algorithm, out, mpi_type, mpi_op, names)
+        scale_inplace(out, post)
+
+    def _reduce_packed(self, sources, outputs, names, rdtype, reduce):
+        comm, algorithm, mpi_type, mpi_op, pre, post = reduce
+        buf = self.buffers.get("reduce", sum(s.size for s in sources), rdtype)
         self._activity(names, "MEMCPY_IN_FUSION_BUFFER")
-        pack([e.tensor for e in entries], buf, pre)
+        pack(sources, buf, pre)
         self._activity_end(names)
         self._reduce_inplace(comm, algorithm, buf, mpi_type, mpi_op, names)
         self._activity(names, "MEMCPY_OUT_FUSION_BUFFER")
         unpack(buf, outputs, post)
         self._activity_end(names)
-        return outputs
 
     def _algorithm(self, response):
         for algorithm in self.algorithms:
@@ -112,10 +135,21 @@ class MPIOps:
                 return algorithm
         return None
 
+    def _segments(self, nbytes, itemsize):
+        """Slices of at most `segment_bytes` covering a buffer: Open MPI reduces
+        a large buffer several times slower than the same bytes in pieces
+        (see README, Benchmarks)."""
+        count = nbytes // itemsize
+        step = max(1, self.segment_bytes // itemsize) if self.segment_bytes else count
+        if count <= step:
+            return (slice(0, count),)
+        return [slice(i, min(i + step, count)) for i in range(0, count, step)]
+
     def _reduce_inplace(self, comm, algorithm, buf, mpi_type, mpi_op, names):
         if algorithm is None:
             self._activity(names, "MPI_ALLREDUCE")
-            comm.Allreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)
+            for part in self._segments(buf.nbytes, buf.itemsize):
+                comm.Allreduce(MPI.IN_PLACE, [buf[part], mpi_type], mpi_op)
             self._activity_end(names)
         else:
             algorithm.allreduce_inplace(buf, mpi_type, mpi_op, names, self._activity,

@@ -484,3 +484,19 @@ def case_joined_rank_takes_part_in_gather_broadcast_and_reducescatter(hvd):
     rs = hvd.reducescatter(np.ones((n, 2)), op=hvd.Sum, name="jrs")
     assert_equal(rs, np.full((1, 2), float(n - 1)))
     hvd.join()
+
+
+def case_large_and_packed_tensors_in_one_response(hvd):
+    """Tensors above the pack limit are reduced in place, below it through the
+    fusion buffer, and buffers above the segment size in several calls; the
+    results are the same (tests/test_core_mpi.py sets small limits)."""
+    n, me = hvd.size(), hvd.rank()
+    sizes = [3, 10, 5000, 70000, 17, 300000]
+    hs = [hvd.allreduce_async(data(me, (s,), np.float32, seed=80 + i), op=hvd.Sum,
+                              name=f"mixed.{i}") for i, s in enumerate(sizes)]
+    for i, (s, h) in enumerate(zip(sizes, hs)):
+        exp = np.sum([data(r, (s,), np.float32, seed=80 + i) for r in range(n)], axis=0,
+                     dtype=np.float32)
+        assert_equal(hvd.synchronize(h), exp, f"mixed.{i}")
+    avg = hvd.allreduce(np.full(300000, float(me)), name="mixed.avg", prescale_factor=2.0)
+    np.testing.assert_allclose(avg, np.full(300000, 2.0 * sum(range(n)) / n))
