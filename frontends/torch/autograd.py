@@ -94,9 +94,10 @@ class _Allgather:
         self.process_set = process_set
 
     def forward(self, ctx, tensors):
-        ctx.rows = [t.shape[0] for t in tensors]
-        return _run(mpi_ops._allgather, tensors, self.name, self.process_set,
+        outs = _run(mpi_ops._allgather, tensors, self.name, self.process_set,
                     grouped=self.grouped)
+        ctx.rows = [t.shape[0] for t in tensors]
+        return outs
 
     def backward(self, ctx, grads):
         reduced = _run(mpi_ops._allreduce, grads, None, None, Average, 1.0, 1.0,

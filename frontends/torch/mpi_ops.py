@@ -9,10 +9,16 @@ The differentiable blocking ops (`allreduce`, `allgather`, ...) live in
 autograd.py and are re-exported here, as Horovod users import them from
 `horovod.torch.mpi_ops`.
 
-Names follow Horovod's torch frontend: `<op>.<name>`, or `<op>.noname.<handle>`
-without a name, where the handle comes from one counter shared by every op
-type, starting at 1 (reset by shutdown); members of a grouped op are
-`<base>_<i>of<N>`. The core receives these full names, so ranks agree on them.
+Handles are ints from one counter shared by every op type, starting at 1 and
+reset by shutdown, as in Horovod. Names follow Horovod's torch frontend:
+`<op>.<name>`, or `<op>.noname.<k>` without a name; members of a grouped op
+are `<base>_<i>of<N>`. The core receives these full names, so every rank must
+produce the same ones. Horovod takes k from the handle counter, so one named
+op that only some ranks run (a join, an op on a process set) shifts every
+later unnamed name on those ranks and the job stalls. Here k counts the
+unnamed ops of each process set instead (sets other than the global one are
+tagged `<op>.noname.set<id>.<k>`), so only the unnamed ops of a set have to
+come in the same order on its ranks.
 """
 
 import functools
@@ -54,10 +60,22 @@ class _Handles:
 
     def reset(self):
         self._counter = itertools.count(1)
+        self._unnamed = {}  # process set id -> counter of unnamed ops
         self._pending = {}
 
     def new(self):
         return next(self._counter)
+
+    def name(self, prefix, name, process_set):
+        """The full name the core gets for an op."""
+        if name:
+            return f"{prefix}.{name}"
+        pid = process_set.process_set_id if isinstance(process_set, ProcessSet) else None
+        counter = self._unnamed.get(pid)
+        if counter is None:
+            counter = self._unnamed[pid] = itertools.count(1)
+        k = next(counter)
+        return f"{prefix}.noname.{k}" if pid == 0 else f"{prefix}.noname.set{pid}.{k}"
 
     def add(self, handle, core_handle, finish):
         self._pending[handle] = (core_handle, finish)
@@ -198,10 +216,6 @@ def rocm_built():
 
 
 # ----------------------------------------------------------------- helpers
-def _op_name(prefix, name, handle):
-    return f"{prefix}.{name}" if name else f"{prefix}.noname.{handle}"
-
-
 def _reduce_op(op, average):
     if op is not None:
         if average is not None:
@@ -234,8 +248,9 @@ def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
     ins = [_tensors.bridge(t, prefix, reducible=True) for t in tensors]
     outs = ins if inplace else [_tensors.bridge(_tensors.empty_like(t), prefix, True)
                                 for t in tensors]
-    kwargs = dict(name=_op_name(prefix, name, handle), op=op, prescale_factor=prescale_factor,
-                  postscale_factor=postscale_factor, process_set=process_set,
+    kwargs = dict(name=_handles.name(prefix, name, process_set), op=op,
+                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                  process_set=process_set,
                   **_device_kwargs(ins or outs))
     if grouped:
         def call():
@@ -251,7 +266,7 @@ def _allgather(tensors, name=None, process_set=global_process_set, *, grouped, i
     handle = _handles.new()
     prefix = "grouped_allgather" if grouped else "allgather"
     ins = [_tensors.bridge(t, prefix) for t in tensors]
-    kwargs = dict(name=_op_name(prefix, name, handle), process_set=process_set,
+    kwargs = dict(name=_handles.name(prefix, name, process_set), process_set=process_set,
                   **_device_kwargs(ins))
     if grouped:
         def call():
@@ -276,7 +291,8 @@ def _broadcast(tensors, root_rank, name=None, process_set=global_process_set, *,
     out = src if inplace else _tensors.bridge(_tensors.empty_like(tensor), "broadcast")
 
     def call():
-        return core.broadcast_async(src.array, root_rank, name=_op_name("broadcast", name, handle),
+        return core.broadcast_async(src.array, root_rank,
+                                    name=_handles.name("broadcast", name, process_set),
                                     process_set=process_set, output=out.array,
                                     **_device_kwargs([src]))
     return _submit(handle, call, lambda _: out.written())
@@ -295,7 +311,7 @@ def _alltoall(tensors, splits=None, name=None, process_set=global_process_set, *
 
     def call():
         return core.alltoall_async(src.array, splits=splits,
-                                   name=_op_name("alltoall", name, handle),
+                                   name=_handles.name("alltoall", name, process_set),
                                    process_set=process_set, **_device_kwargs([src]))
 
     def finish(result):
@@ -314,7 +330,7 @@ def _reducescatter(tensors, name=None, op=Average, process_set=global_process_se
     handle = _handles.new()
     prefix = "grouped_reducescatter" if grouped else "reducescatter"
     ins = [_tensors.bridge(t, prefix, reducible=True) for t in tensors]
-    kwargs = dict(name=_op_name(prefix, name, handle), op=op, process_set=process_set,
+    kwargs = dict(name=_handles.name(prefix, name, process_set), op=op, process_set=process_set,
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   **_device_kwargs(ins))
     if grouped:
@@ -440,7 +456,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         idx = synchronize(indices)
         if op == Average:
             vals = vals / process_set.size()
-        return torch.sparse_coo_tensor(idx.transpose(0, 1), vals, t.size())
+        return torch.sparse_coo_tensor(idx.transpose(0, 1), vals, t.size(),
+                                       check_invariants=False)
     return wait
 
 

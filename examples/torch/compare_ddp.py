@@ -1,0 +1,130 @@
+"""Training-step time: frontends.torch's DistributedOptimizer against PyTorch
+DDP (gloo backend), same model, same data, in the same processes.
+
+    mpirun -np 2 python examples/torch/compare_ddp.py [--model small_cnn] [--rounds 6]
+
+Both run in every rank: the coordinator (over MPI) and torch.distributed
+(gloo, over TCP; rank and size come from Open MPI's environment,
+MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29512). Rounds alternate the
+order (ours, DDP, then DDP, ours, ...) so that drift in the machine's load
+hits both alike; "local" (no communication) runs too as the floor. Rank 0
+prints the median step time of each and the ratio ours / DDP.
+"""
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+import frontends.torch as hvd  # noqa: E402
+
+
+def env_int(*names, default=None):
+    for name in names:
+        if name in os.environ:
+            return int(os.environ[name])
+    return default
+
+
+def make_steppers(args):
+    torch.manual_seed(0)
+    base = models.build(args.model)
+    steppers = {}
+
+    ours_model = models.build(args.model)
+    ours_model.load_state_dict(base.state_dict())
+    ours_opt = hvd.DistributedOptimizer(torch.optim.SGD(ours_model.parameters(), lr=args.lr,
+                                                        momentum=0.9),
+                                        named_parameters=ours_model.named_parameters())
+    hvd.broadcast_parameters(ours_model.state_dict(), root_rank=0)
+    steppers["ours"] = (ours_model, ours_opt)
+
+    ddp_model = models.build(args.model)
+    ddp_model.load_state_dict(base.state_dict())
+    ddp_model = torch.nn.parallel.DistributedDataParallel(ddp_model)
+    steppers["ddp"] = (ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=args.lr,
+                                                  momentum=0.9))
+
+    local_model = models.build(args.model)
+    local_model.load_state_dict(base.state_dict())
+    steppers["local"] = (local_model, torch.optim.SGD(local_model.parameters(), lr=args.lr,
+                                                      momentum=0.9))
+    return steppers
+
+
+def timed_steps(model, opt, x, y, steps):
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="small_cnn", choices=sorted(models.MODELS))
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per run")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per rank (default: cores / local ranks)")
+    args = parser.parse_args()
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+    torch.set_num_threads(threads)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29512")
+    dist.init_process_group("gloo", rank=env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", default=rank),
+                            world_size=env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=size),
+                            timeout=datetime.timedelta(seconds=120))
+
+    steppers = make_steppers(args)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(args.batch_size, 3, 32, 32, generator=gen)
+    y = torch.randint(0, 10, (args.batch_size,), generator=gen)
+
+    times = {name: [] for name in steppers}
+    order = ["ours", "ddp", "local"]
+    for r in range(args.rounds):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            model, opt = steppers[name]
+            hvd.barrier()
+            timed_steps(model, opt, x, y, args.warmup)
+            hvd.barrier()
+            times[name] += timed_steps(model, opt, x, y, args.steps)
+
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    # A synchronous step takes as long as the slowest rank's.
+    worst = hvd.allgather_object(medians)
+    if rank == 0:
+        slow = {name: max(m[name] for m in worst) for name in medians}
+        print(f"model {args.model} ({models.parameter_count(steppers['local'][0])} parameters), "
+              f"batch {args.batch_size}/rank, {size} ranks, {threads} torch thread(s)/rank, "
+              f"{args.rounds} alternating rounds x {args.steps} steps")
+        for name in order:
+            print(f"  {name:5s} median step {slow[name] * 1e3:7.2f} ms")
+        print(f"ratio ours/ddp = {slow['ours'] / slow['ddp']:.3f}  "
+              f"(ours - local = {(slow['ours'] - slow['local']) * 1e3:+.2f} ms, "
+              f"ddp - local = {(slow['ddp'] - slow['local']) * 1e3:+.2f} ms)")
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
