@@ -1,0 +1,152 @@
+"""frontends.torch on one process: the API surface matches horovod.torch
+0.28.1, tensors reach the core without copies, compression round-trips.
+(Multi-rank behaviour: tests/test_torch_mpi.py.)"""
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+import frontends.torch as hvd
+from frontends.torch import _tensors
+
+GPS, NONE, AVG = "global_process_set", "Compression.none", "Average"
+# horovod.torch 0.28.1's signatures: (parameter, default or REQUIRED), in order.
+REQUIRED = object()
+R = REQUIRED
+_REDUCE = [("average", None), ("name", None), ("op", None), ("prescale_factor", 1.0),
+           ("postscale_factor", 1.0), ("process_set", GPS)]
+_REDUCE_C = [("average", None), ("name", None), ("compression", NONE), ("op", None),
+             ("prescale_factor", 1.0), ("postscale_factor", 1.0), ("process_set", GPS)]
+_RS = [("name", None), ("op", AVG), ("process_set", GPS), ("prescale_factor", 1.0),
+       ("postscale_factor", 1.0)]
+_RS_C = [("name", None), ("compression", NONE), ("op", AVG), ("process_set", GPS),
+         ("prescale_factor", 1.0), ("postscale_factor", 1.0)]
+HOROVOD_SIGNATURES = {
+    "allreduce": [("tensor", R)] + _REDUCE_C,
+    "allreduce_": [("tensor", R)] + _REDUCE,
+    "allreduce_async": [("tensor", R)] + _REDUCE,
+    "allreduce_async_": [("tensor", R)] + _REDUCE,
+    "grouped_allreduce": [("tensors", R)] + _REDUCE_C,
+    "grouped_allreduce_": [("tensors", R)] + _REDUCE,
+    "grouped_allreduce_async": [("tensors", R)] + _REDUCE,
+    "grouped_allreduce_async_": [("tensors", R)] + _REDUCE,
+    "sparse_allreduce_async": [("tensor", R), ("name", R), ("op", R), ("process_set", GPS)],
+    "allgather": [("tensor", R), ("name", None), ("process_set", GPS)],
+    "allgather_async": [("tensor", R), ("name", None), ("process_set", GPS)],
+    "grouped_allgather": [("tensors", R), ("name", None), ("process_set", GPS)],
+    "grouped_allgather_async": [("tensors", R), ("name", None), ("process_set", GPS)],
+    "broadcast": [("tensor", R), ("root_rank", R), ("name", None), ("process_set", GPS)],
+    "broadcast_": [("tensor", R), ("root_rank", R), ("name", None), ("process_set", GPS)],
+    "broadcast_async": [("tensor", R), ("root_rank", R), ("name", None), ("process_set", GPS)],
+    "broadcast_async_": [("tensor", R), ("root_rank", R), ("name", None), ("process_set", GPS)],
+    "alltoall": [("tensor", R), ("splits", None), ("name", None), ("process_set", GPS)],
+    "alltoall_async": [("tensor", R), ("splits", None), ("name", None), ("process_set", GPS)],
+    "reducescatter": [("tensor", R)] + _RS_C,
+    "reducescatter_async": [("tensor", R)] + _RS,
+    "grouped_reducescatter": [("tensors", R)] + _RS_C,
+    "grouped_reducescatter_async": [("tensors", R)] + _RS,
+    "join": [("device", -1)],
+    "barrier": [("process_set", GPS)],
+    "poll": [("handle", R)],
+    "synchronize": [("handle", R)],
+    "init": [("comm", None), ("process_sets", None)],
+    "shutdown": [],
+    "broadcast_parameters": [("params", R), ("root_rank", R)],
+    "broadcast_optimizer_state": [("optimizer", R), ("root_rank", R), ("model", None)],
+    "broadcast_object": [("obj", R), ("root_rank", 0), ("name", None), ("process_set", GPS)],
+    "allgather_object": [("obj", R), ("name", None)],
+    "DistributedOptimizer": [("optimizer", R), ("named_parameters", None),
+                             ("compression", NONE), ("backward_passes_per_step", 1),
+                             ("op", AVG), ("gradient_predivide_factor", 1.0), ("num_groups", 0),
+                             ("groups", None), ("sparse_as_dense", False),
+                             ("process_set", GPS)],
+}
+QUERIES = ["is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
+           "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_built", "mpi_enabled",
+           "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "cuda_built", "rocm_built",
+           "ddl_built", "start_timeline", "stop_timeline", "add_process_set",
+           "remove_process_set"]
+
+
+def _resolve(default):
+    return {GPS: hvd.global_process_set, NONE: hvd.Compression.none,
+            AVG: hvd.Average}.get(default, default) if isinstance(default, str) else default
+
+
+@pytest.mark.parametrize("name", sorted(HOROVOD_SIGNATURES))
+def test_signature_matches_horovod_torch(name):
+    params = list(inspect.signature(getattr(hvd, name)).parameters.values())
+    expected = HOROVOD_SIGNATURES[name]
+    got = [(p.name, REQUIRED if p.default is p.empty else p.default) for p in params]
+    assert [n for n, _ in got[:len(expected)]] == [n for n, _ in expected], got
+    for (pname, default), (_, want) in zip(got, expected):
+        want = _resolve(want)
+        assert default is want or default == want, (pname, default, want)
+    for pname, default in got[len(expected):]:  # extras must be optional
+        assert default is not REQUIRED, pname
+
+
+def test_every_horovod_name_is_exported():
+    for name in QUERIES + ["Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression",
+                           "ProcessSet", "global_process_set", "HorovodInternalError",
+                           "SyncBatchNorm"]:
+        assert hasattr(hvd, name), name
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    from frontends.torch import mpi_ops  # Horovod scripts import from mpi_ops too
+
+    for name in ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+                 "grouped_allreduce", "synchronize", "Average", "is_homogeneous"):
+        assert hasattr(mpi_ops, name), name
+
+
+def test_build_queries_before_init():
+    assert hvd.mpi_built() is True
+    assert hvd.gloo_built() is False and hvd.nccl_built() == 0
+    assert hvd.cuda_built() is False and hvd.rocm_built() is False
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32,
+                                   torch.int64, torch.float16, torch.float32, torch.float64,
+                                   torch.bool, torch.bfloat16])
+def test_cpu_tensors_reach_the_core_as_views_of_their_storage(dtype):
+    t = torch.zeros(3, 4, dtype=dtype)
+    b = _tensors.bridge(t, "test")
+    assert b.array.__array_interface__["data"][0] == t.data_ptr()
+    assert b.array.shape == (3, 4) and b.array.dtype.itemsize == t.element_size()
+    b.array[1, 2] = 1  # what the core writes lands in the tensor
+    assert t[1, 2].item() == 1
+    assert b.written() is t
+
+
+def test_bfloat16_results_wrap_without_copy():
+    import ml_dtypes
+
+    arr = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    out = _tensors.to_tensor(arr, torch.empty(0, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and out.data_ptr() == arr.__array_interface__["data"][0]
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_unsupported_and_non_contiguous_tensors_are_value_errors():
+    with pytest.raises(ValueError, match="Tensor type torch.ComplexFloatTensor is not supported"):
+        _tensors.bridge(torch.zeros(2, dtype=torch.complex64), "test")
+    with pytest.raises(ValueError, match="not supported"):
+        _tensors.bridge(torch.zeros(2, dtype=torch.bool), "test", reducible=True)
+    with pytest.raises(ValueError, match="contiguous"):
+        _tensors.bridge(torch.zeros(3, 4).t(), "test")
+
+
+def test_fp16_compression_round_trip():
+    x = torch.linspace(-2, 2, 9, dtype=torch.float64)
+    sent, ctx = hvd.Compression.fp16.compress(x)
+    assert sent.dtype == torch.float16
+    back = hvd.Compression.fp16.decompress(sent, ctx)
+    assert back.dtype == torch.float64
+    torch.testing.assert_close(back, x, atol=1e-3, rtol=0)
+    ints = torch.arange(4)
+    sent, ctx = hvd.Compression.fp16.compress(ints)
+    assert sent is ints and hvd.Compression.fp16.decompress(sent, ctx) is ints
+    same, ctx = hvd.Compression.none.compress(x)
+    assert same is x and hvd.Compression.none.decompress(same, ctx) is x
