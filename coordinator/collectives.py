@@ -59,6 +59,8 @@ def _name(prefix, name):
 
 
 def _process_set(process_set, rt, what):
+    if process_set is global_process_set and process_set.process_set_id == 0:
+        return process_set  # the common case, always registered and including us
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"{what}: process_set must be a ProcessSet, got {process_set!r}")
     if process_set.process_set_id is None or rt.process_sets.get(
@@ -110,6 +112,8 @@ def _reduce_op(op, average, what):
 
 
 def _scale(value, label, what):
+    if type(value) is float:
+        return value
     if not isinstance(value, numbers.Real):
         raise ValueError(f"{what}: {label} must be a real number, got {value!r}")
     return float(value)

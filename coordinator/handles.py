@@ -7,7 +7,6 @@ raising the operation's error if it failed.
 """
 
 import itertools
-import threading
 
 # How often a waiting thread checks on the job's health (dead peers, a
 # failed background thread) while its operation has not completed.
@@ -16,14 +15,12 @@ HEALTH_CHECK_PERIOD = 0.25
 
 class HandleTable:
     def __init__(self):
-        self._lock = threading.Lock()
         self._items = {}
         self._ids = itertools.count()
 
     def add(self, item):
         handle = next(self._ids)
-        with self._lock:
-            self._items[handle] = item
+        self._items[handle] = item  # a single dict store is atomic under the GIL
         return handle
 
     def _get(self, handle):
@@ -47,12 +44,11 @@ class HandleTable:
         item = self._get(handle)
         group = item if isinstance(item, list) else [item]
         for entry in group:
-            if not entry.event.wait(HEALTH_CHECK_PERIOD):
-                while not entry.event.wait(HEALTH_CHECK_PERIOD):
+            if not entry.wait(HEALTH_CHECK_PERIOD):
+                while not entry.wait(HEALTH_CHECK_PERIOD):
                     if health_check is not None:
                         health_check()
-        with self._lock:
-            self._items.pop(handle, None)
+        self._items.pop(handle, None)
         for entry in group:
             if entry.error is not None:
                 raise entry.error
@@ -61,8 +57,7 @@ class HandleTable:
         return item.result
 
     def release(self, handle):
-        with self._lock:
-            self._items.pop(handle, None)
+        self._items.pop(handle, None)
 
     def __len__(self):
         return len(self._items)

@@ -5,6 +5,7 @@ A name may be in flight only once per rank: submitting it again before it
 completes is a `ValueError` at once, on the submitting rank.
 """
 
+import _thread
 import collections
 import threading
 import time
@@ -18,8 +19,8 @@ class Entry:
 
     __slots__ = ("name", "op", "tensor", "output", "dtype_info", "shape", "reduce_op",
                  "root_rank", "prescale", "postscale", "process_set_id", "device", "splits",
-                 "group", "group_size", "ranks", "submit_time", "cache_id", "event", "result",
-                 "error", "callback", "done")
+                 "group", "group_size", "ranks", "submit_time", "cache_id", "_pending",
+                 "result", "error", "callback", "done")
 
     def __init__(self, name, op, tensor=None, output=None, dtype_info=None, shape=(),
                  reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
@@ -42,7 +43,10 @@ class Entry:
         self.ranks = ranks
         self.submit_time = 0.0
         self.cache_id = 0
-        self.event = threading.Event()
+        # Held until the entry completes: waiting is acquiring it. A bare lock
+        # costs a fraction of a threading.Event on this hot path.
+        self._pending = _thread.allocate_lock()
+        self._pending.acquire()
         self.result = None
         self.error = None
         self.callback = callback
@@ -72,9 +76,48 @@ class Entry:
     def _complete(self):
         self.done = True
         self.tensor = None  # the frontend's buffer is no longer needed
-        self.event.set()
+        self._pending.release()
         if self.callback is not None:
             self.callback(self)
+
+    def wait(self, timeout):
+        """True once the entry has completed (waits up to `timeout` seconds)."""
+        if self.done:
+            return True
+        if self._pending.acquire(timeout=timeout):
+            self._pending.release()  # let any later waiter through at once
+            return True
+        return False
+
+
+class Signal:
+    """Wakes the background thread: set() from any thread, wait() with a
+    timeout from the background thread. Setting while nobody waits makes the
+    next wait return at once, so no wake-up is lost."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self):
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+
+    def set(self):
+        if self._lock.locked():
+            try:
+                self._lock.release()
+            except RuntimeError:  # another thread set it first
+                pass
+
+    def clear(self):
+        self._lock.acquire(False)
+
+    def wait(self, timeout):
+        if timeout <= 0:
+            return not self._lock.locked()
+        got = self._lock.acquire(timeout=timeout)
+        if got:
+            self._lock.release()  # stays set until clear(), like an Event
+        return got
 
 
 class TensorQueue:
@@ -84,7 +127,7 @@ class TensorQueue:
         self._lock = threading.Lock()
         self._queue = collections.deque()
         self._inflight = {}  # name -> Entry, from push until completion
-        self.wakeup = threading.Event()
+        self.wakeup = Signal()
         self._closed = None  # exception raised by push once closed
 
     def push(self, entry):
