@@ -84,7 +84,8 @@ def check(tensor, what, reducible=False):
 
 def _host_array(tensor):
     """A NumPy view of a contiguous CPU tensor (no copy)."""
-    t = tensor.detach()
+    # detach() only when needed: it is a call into torch that gives up the GIL.
+    t = tensor.detach() if tensor.requires_grad else tensor
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(_BFLOAT16)
     return t.numpy()
