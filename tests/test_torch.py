@@ -150,3 +150,14 @@ def test_fp16_compression_round_trip():
     assert sent is ints and hvd.Compression.fp16.decompress(sent, ctx) is ints
     same, ctx = hvd.Compression.none.compress(x)
     assert same is x and hvd.Compression.none.decompress(same, ctx) is x
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_cuda_tensors_are_staged_through_host_memory_and_written_back():
+    if _tensors._core_takes_devices():
+        pytest.skip("the core takes device arrays, so nothing is staged")
+    t = torch.arange(6, dtype=torch.float32, device="cuda")
+    b = _tensors.bridge(t, "test")
+    assert isinstance(b.array, np.ndarray) and b.staged
+    b.array[:] = 7
+    assert b.written() is t and torch.equal(t.cpu(), torch.full((6,), 7.0))

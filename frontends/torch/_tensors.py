@@ -14,6 +14,7 @@ turns true and CUDA tensors go to it as CuPy arrays over DLPack, zero-copy,
 with their device id. Neither path runs on this CPU-only build.
 """
 
+import functools
 import inspect
 
 import numpy as np
@@ -44,6 +45,7 @@ def type_name(tensor):
         return f"{tensor.device.type} {tensor.dtype}"
 
 
+@functools.lru_cache(maxsize=None)
 def _core_takes_devices():
     return "device" in inspect.signature(core.allreduce_async).parameters
 

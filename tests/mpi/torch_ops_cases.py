@@ -99,6 +99,17 @@ def case_allreduce_every_dtype_and_op_matches_torch(_core):
         assert torch.equal(mine, inputs[hvd.rank()]), "allreduce modified its input"
 
 
+def case_allreduce_adasum_follows_the_published_tree(_core):
+    from torch_training_cases import _adasum
+
+    inputs = everyone((6,), torch.float64, seed=40)
+    out = hvd.allreduce(inputs[hvd.rank()], op=hvd.Adasum, name="adasum")
+    expected = _adasum([t.numpy() for t in inputs])
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-12, atol=1e-12)
+    twice = hvd.allreduce(torch.full((3,), 2.0), op=hvd.Adasum)  # equal vectors: their average
+    same(twice, torch.full((3,), 2.0), "adasum of equal vectors", atol=1e-6)
+
+
 def case_allreduce_in_place_variants_return_the_input_tensor(_core):
     inputs = everyone((5,), seed=2)
     expected = torch.stack(inputs).sum(0)
