@@ -44,9 +44,6 @@ Min = core.Min
 Max = core.Max
 Product = core.Product
 
-add_process_set = core.add_process_set
-remove_process_set = core.remove_process_set
-
 __all__ = ["ProcessSet", "global_process_set", "HorovodInternalError"]
 
 
@@ -76,6 +73,10 @@ class _Handles:
             counter = self._unnamed[pid] = itertools.count(1)
         k = next(counter)
         return f"{prefix}.noname.{k}" if pid == 0 else f"{prefix}.noname.set{pid}.{k}"
+
+    def forget_set(self, process_set_id):
+        """A set id was (re)registered or removed: its names start over."""
+        self._unnamed.pop(process_set_id, None)
 
     def add(self, handle, core_handle, finish):
         self._pending[handle] = (core_handle, finish)
@@ -167,6 +168,24 @@ is_homogeneous = core.is_homogeneous
 mpi_threads_supported = core.mpi_threads_supported
 
 
+def add_process_set(process_set):
+    """Registers a process set (a ProcessSet or a list of global ranks) on
+    every rank; all ranks call it, in the same order. Returns the set."""
+    ps = core.add_process_set(process_set)
+    _handles.forget_set(ps.process_set_id)
+    return ps
+
+
+def remove_process_set(process_set):
+    """Unregisters a process set on every rank; False if it was not
+    registered or is the global set."""
+    pid = process_set.process_set_id
+    removed = core.remove_process_set(process_set)
+    if removed:
+        _handles.forget_set(pid)
+    return removed
+
+
 def start_timeline(file_path, mark_cycles=False):
     """Starts writing the coordinator's timeline (Chrome trace) to file_path."""
     core.start_timeline(file_path, mark_cycles=mark_cycles)
@@ -235,7 +254,7 @@ def _results(bridged, grouped):
 
 
 def _device_kwargs(bridged):
-    device = bridged[0].device
+    device = bridged[0].device if bridged else -1
     return {} if device == -1 else {"device": device}
 
 
