@@ -254,6 +254,9 @@ def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
     return env
 
 
+YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
+
+
 def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping[str, str],
                   euid: Optional[int] = None) -> Tuple[List[str], Dict[str, str]]:
     """The mpirun argv and its environment. Pure: reads only its arguments.
@@ -285,6 +288,11 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
             argv += ["--host", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
         else:
             argv += ["--oversubscribe"]
+        # Open MPI's blocking calls spin; a rank that waits for a peer to
+        # enter a collective should yield its core to the training threads.
+        if YIELD_WHEN_IDLE not in exported:
+            env.setdefault(YIELD_WHEN_IDLE, "1")
+            exported[YIELD_WHEN_IDLE] = env[YIELD_WHEN_IDLE]
         for name in exported:
             argv += ["-x", name]
         if (os.geteuid() if euid is None else euid) == 0:

@@ -45,7 +45,12 @@ def was_shut_down():
 class Runtime:
     def __init__(self, comm=None, process_sets=None, config=None):
         # MPI starts here, not when `coordinator` is imported: importing the
-        # package (e.g. for coordrun) must not initialise MPI.
+        # package (e.g. for coordrun) must not initialise MPI. Open MPI's
+        # blocking calls spin while a peer is late; let them yield the core to
+        # the training threads (measured: 1.17x -> 1.02x DDP's step time on 2
+        # cores). Only effective if MPI has not started yet.
+        if "mpi4py.MPI" not in sys.modules:
+            os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         from mpi4py import MPI
 
         from coordinator.background import Background

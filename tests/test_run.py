@@ -69,7 +69,7 @@ def test_openmpi_local_run_binds_nothing_oversubscribes_and_exports_path():
     argv, env = build("-np", "4", "python", "train.py", "--epochs", "3")
     assert argv == ["/opt/ompi/bin/mpirun", "-np", "4", "--bind-to", "none",
                     "--map-by", "slot", "--oversubscribe", "-x", "PATH",
-                    "python", "train.py", "--epochs", "3"]
+                    "-x", "OMPI_MCA_mpi_yield_when_idle", "python", "train.py", "--epochs", "3"]
     assert env["PATH"] == ENV["PATH"]
 
 
@@ -115,7 +115,7 @@ def test_openmpi_exports_by_name_and_puts_values_in_the_environment():
     argv, env = build("-np", "2", "--cycle-time-ms", "1", "-x", "GREETING=hi there",
                       "-x", "SECRET_TOKEN", "python", "t.py", environ=environ)
     assert exported_openmpi(argv) == ["HOROVOD_CYCLE_TIME", "GREETING", "SECRET_TOKEN",
-                                      "PYTHONPATH", "PATH"]
+                                      "PYTHONPATH", "PATH", "OMPI_MCA_mpi_yield_when_idle"]
     assert "hi there" not in argv and "s3" not in argv
     assert env["GREETING"] == "hi there" and env["SECRET_TOKEN"] == "s3"
     assert environ == dict(ENV, PYTHONPATH="/src", SECRET_TOKEN="s3")  # not modified
@@ -526,3 +526,12 @@ def alive(pid):
     except ProcessLookupError:
         return False
     return True
+
+
+def test_open_mpi_ranks_yield_while_waiting_unless_told_otherwise():
+    argv, env = build("-np", "2", "python", "t.py")
+    assert env["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert argv[argv.index("OMPI_MCA_mpi_yield_when_idle") - 1] == "-x"
+    _, env = build("-np", "2", "python", "t.py",
+                   environ=dict(ENV, OMPI_MCA_mpi_yield_when_idle="0"))
+    assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"
