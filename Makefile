@@ -26,7 +26,7 @@ $(STAMP): setup.py pyproject.toml proto/coordinator.proto
 	$(PIP) install --quiet -e ".[all]"
 	touch $(STAMP)
 
-DEMO ?= examples/numpy_digits.py
+DEMO ?= examples/torch/train_digits.py
 
 demo: $(STAMP)
 	mkdir -p $(OUT)

@@ -12,6 +12,8 @@ state, and reports medians and their ratio:
       Allreduce and raw pack + one Allreduce + unpack;
   (c) latency of a one-float allreduce, submit to result;
   (d) CPU used by an idle rank over a few seconds (% of one core);
+  (e) a small CNN's PyTorch training step against PyTorch DDP (gloo):
+      examples/torch/compare_ddp.py, run as its own job;
   (f) 16-bit allreduce (16 M float16 / bfloat16 elements) with the native
       kernels against the same call without them (NumPy fallback: reduce
       in float32), and against raw MPI_Allreduce on float16.
@@ -26,7 +28,7 @@ import time
 
 import numpy as np
 
-CASES = "abcdf"
+CASES = "abcdef"
 
 
 def resnet50_shapes():
@@ -208,11 +210,34 @@ class Bench:
 
 
 def _launch(args):
-    from coordinator.run import find_launcher  # noqa: F401  (same discovery as coordrun)
+    """Runs the MPI cases as one job, then case (e) as a job of its own."""
+    status = 0
+    mpi_cases = args.cases.replace("e", "")
+    if mpi_cases:
+        cmd = [sys.executable, "-m", "coordinator.run", "-np", str(args.np), sys.executable,
+               "-m", "coordinator.bench", "--cases", mpi_cases, "--repeats", str(args.repeats)]
+        status = subprocess.call(cmd)
+    if "e" in args.cases:
+        status = _case_e(args) or status
+    return status
 
-    cmd = [sys.executable, "-m", "coordinator.run", "-np", str(args.np), sys.executable, "-m",
-           "coordinator.bench", "--cases", args.cases, "--repeats", str(args.repeats)]
-    return subprocess.call(cmd)
+
+def _case_e(args):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "examples", "torch", "compare_ddp.py")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("(e) skipped: PyTorch is not installed")
+        return 0
+    if not os.path.exists(script):
+        print(f"(e) skipped: {script} not found (run from a source checkout)")
+        return 0
+    print(f"\n(e) small-CNN training step, ours against DDP (gloo), np={args.np}:")
+    sys.stdout.flush()
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.call([sys.executable, "-m", "coordinator.run", "-np", str(args.np),
+                            sys.executable, script], env=env)
 
 
 def main(argv=None):
