@@ -16,7 +16,9 @@ state, and reports medians and their ratio:
       examples/torch/compare_ddp.py, run as its own job;
   (f) 16-bit allreduce (16 M float16 / bfloat16 elements) with the native
       kernels against the same call without them (NumPy fallback: reduce
-      in float32), and against raw MPI_Allreduce on float16.
+      in float32), and against raw MPI_Allreduce on float16;
+  (g) what the timeline costs: one step of a small CNN's 10 gradients
+      (160 k floats) with tracing on against the same step with it off.
 """
 
 import argparse
@@ -28,7 +30,7 @@ import time
 
 import numpy as np
 
-CASES = "abcdef"
+CASES = "abcdefg"
 
 
 def resnet50_shapes():
@@ -196,6 +198,45 @@ class Bench:
                 self.rows.append(("(f) float16 allreduce, vs raw MPI float16", _median_ms(raw),
                                   _median_ms(ours), "ms", _median_ms(ours) / _median_ms(raw),
                                   ""))
+
+    def case_g(self):
+        import tempfile
+
+        hvd = self.hvd
+        shapes = [(32, 1, 3, 3), (32,), (64, 32, 3, 3), (64,), (128, 64, 3, 3), (128,),
+                  (256, 128), (256,), (10, 256), (10,)]
+        grads = [np.ones(s, np.float32) for s in shapes]
+        outs = [np.empty_like(g) for g in grads]
+
+        def step():
+            handles = [hvd.allreduce_async(g, name=f"bench.g.{i}", output=o)
+                       for i, (g, o) in enumerate(zip(grads, outs))]
+            for h in handles:
+                hvd.synchronize(h)
+
+        path = os.path.join(tempfile.gettempdir(), f"coordinator-bench-{os.getpid()}.json")
+
+        # Alternate blocks of steps with the timeline on and off.
+        reps = self.repeats * 5
+        t_off, t_on = [], []
+        for _ in range(reps):
+            self._sync()
+            t0 = time.perf_counter()
+            step()
+            t_off.append(time.perf_counter() - t0)
+            hvd.start_timeline(path)
+            self._sync()
+            t0 = time.perf_counter()
+            step()
+            t_on.append(time.perf_counter() - t0)
+            hvd.stop_timeline()
+        both = np.array([t_off, t_on])
+        self.comm.Allreduce(self.MPI.IN_PLACE, both, op=self.MPI.MAX)
+        if self.rank == 0 and os.path.exists(path):
+            os.remove(path)
+        off_ms, on_ms = _median_ms(list(both[0])), _median_ms(list(both[1]))
+        self.rows.append(("(g) small-CNN step, timeline on vs off", off_ms, on_ms, "ms",
+                          on_ms / off_ms, "report"))
 
     def report(self):
         if self.rank != 0:
