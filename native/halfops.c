@@ -114,6 +114,41 @@ static Py_ssize_t scale_f16_f16c(uint16_t *buf, Py_ssize_t n, float factor) {
     return i;
 }
 
+/* bfloat16 <-> float32 is a 16-bit shift, so AVX2 integer ops do it. */
+__attribute__((target("avx2")))
+static Py_ssize_t reduce_bf16_avx2(int op, const uint16_t *in, uint16_t *inout, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    if (op != OP_SUM && op != OP_PROD) return 0;
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+    const __m256i quiet = _mm256_set1_epi32(0x40);
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(in + i))), 16));
+        __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(inout + i))), 16));
+        __m256 c = op == OP_SUM ? _mm256_add_ps(a, b) : _mm256_mul_ps(a, b);
+        __m256i u = _mm256_castps_si256(c);
+        __m256i top = _mm256_srli_epi32(u, 16);
+        /* round to nearest even: add 0x7fff plus the lowest kept bit */
+        __m256i r = _mm256_srli_epi32(
+            _mm256_add_epi32(u, _mm256_add_epi32(half, _mm256_and_si256(top, one))), 16);
+        __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(c, c, _CMP_UNORD_Q));
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(top, quiet), nan);
+        __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);
+        _mm_storeu_si128((__m128i *)(inout + i), _mm256_castsi256_si128(packed));
+    }
+    return i;
+}
+
+static int has_avx2(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2");
+    }
+    return cached;
+}
+
 static int has_f16c(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -134,6 +169,9 @@ static void reduce_loop(int op, int kind, const uint16_t *in, uint16_t *inout, P
             inout[i] = f32_to_f16_scalar(
                 combine(op, f16_to_f32_scalar(in[i]), f16_to_f32_scalar(inout[i])));
     } else {
+#ifdef HAVE_X86
+        if (has_avx2()) i = reduce_bf16_avx2(op, in, inout, n);
+#endif
         for (; i < n; i++)
             inout[i] = f32_to_bf16(combine(op, bf16_to_f32(in[i]), bf16_to_f32(inout[i])));
     }
