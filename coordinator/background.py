@@ -44,11 +44,13 @@ ERROR_TYPES = {
 }
 
 # While work is in flight: poll without sleeping for SPIN_TIME seconds after
-# the last progress (an answer usually comes within it), then sleep, doubling
-# from BACKOFF_MIN up to BACKOFF_MAX seconds.
+# the last progress, plus SPIN_PER_TENSOR for each tensor in flight (rank 0
+# needs longer to decide on a burst of many), then sleep, doubling from
+# BACKOFF_MIN up to BACKOFF_MAX seconds.
 SPIN_TIME = 200e-6
+SPIN_PER_TENSOR = 10e-6
 BACKOFF_MIN = 20e-6
-BACKOFF_MAX = 1e-3
+BACKOFF_MAX = 500e-6
 LIVENESS_PERIOD = 0.1
 
 
@@ -147,10 +149,11 @@ class Background:
             wakeup.wait(timeout)
 
     def _timeout(self, sleeps, last_progress):
-        busy = (self.queue.inflight_count() or self._final is not None
-                or self._shutdown_wanted or self.channel.progress())
+        inflight = self.queue.inflight_count()
+        busy = (inflight or self._final is not None or self._shutdown_wanted
+                or self.channel.progress())
         if busy:
-            if time.perf_counter() - last_progress < SPIN_TIME:
+            if time.perf_counter() - last_progress < SPIN_TIME + SPIN_PER_TENSOR * inflight:
                 return None
             timeout = min(BACKOFF_MIN * (1 << min(sleeps, 16)), BACKOFF_MAX)
         else:

@@ -50,7 +50,7 @@ class Plan:
 
 class _Negotiation:
     __slots__ = ("name", "process_set_id", "members", "first", "requests", "cached",
-                 "arrivals")
+                 "arrivals", "nbytes")
 
     def __init__(self, name, process_set_id, members, now):
         self.name = name
@@ -60,6 +60,7 @@ class _Negotiation:
         self.requests = {}  # rank -> Request
         self.cached = {}  # rank -> cache id the rank used (0: sent in full)
         self.arrivals = {}  # rank -> submit time the rank reported
+        self.nbytes = 0  # bytes the operation moves, once ready
 
     def representative(self):
         return self.requests[min(self.requests)]
@@ -324,8 +325,9 @@ class Controller:
             return
         if not self._ready:
             self._ready_since = self.clock()
+        neg.nbytes = self._fused_nbytes(neg, req)
         self._ready.append(neg)
-        self._ready_bytes += tensor_nbytes(req)
+        self._ready_bytes += neg.nbytes
 
     def _validate(self, neg):
         cached = set(neg.cached.values())
@@ -460,7 +462,7 @@ class Controller:
             if threshold <= 0 or req.op not in FUSABLE:
                 groups.append([neg])
                 continue
-            nbytes = self._fused_nbytes(neg, req)
+            nbytes = neg.nbytes
             key = self._fusion_key(req)
             bucket = open_buckets.get(key)
             if bucket is not None and bucket[1] + nbytes <= threshold:
@@ -516,6 +518,5 @@ class Controller:
                 if q.op == pb.ALLGATHER and shape:
                     shape[0] = 0
                 resp.specs.add(name=neg.name, dtype=q.dtype, shape=shape)
-        nbytes = sum(self._fused_nbytes(neg, neg.representative()) for neg in negs)
-        return Plan(resp, members, nbytes, negs[0].name)
+        return Plan(resp, members, sum(neg.nbytes for neg in negs), negs[0].name)
 
