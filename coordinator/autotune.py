@@ -8,8 +8,9 @@ in rank 0's controller, so tuning them needs no agreement between ranks:
   0 means dispatch at once).
 
 The tuner measures throughput (bytes reduced per second) over samples of a
-few training steps. A step is recognised when the first tensor name it saw
-comes round again (or, for unnamed tensors, after `max_window` seconds). It
+few training steps. A step is recognised when the first tensor name to come
+round again (the first one seen twice, so one-off broadcasts do not count)
+comes round once more (or, for unnamed tensors, after `max_window` seconds). It
 measures the defaults first, then tries the thresholds with the cycle time at
 0, then cycle times with the best threshold (coordinate descent), each
 candidate over `samples` samples after one warm-up sample, and keeps the
@@ -48,6 +49,7 @@ class Autotuner:
         self._scores = {}  # candidate -> [bytes/s samples]
         self._candidate = None
         self._marker = None
+        self._seen = set()
         self._sample_no = 0
         self._next_candidate()
 
@@ -61,10 +63,16 @@ class Autotuner:
             if plan.response.error:
                 continue
             self._bytes += plan.nbytes
-            if self._marker is None:
-                self._marker = plan.first_name
-            elif plan.first_name == self._marker:
-                self._steps += 1
+            if self._marker is not None:
+                if self._marker in plan.names:
+                    self._steps += 1
+            elif len(self._seen) < 100000:
+                # The first name to come round again marks the training step.
+                for name in plan.names:
+                    if name in self._seen:
+                        self._marker = name
+                        break
+                    self._seen.add(name)
         if self._steps >= self.steps_per_sample or now - self._start >= self.max_window:
             self._end_sample(now)
 

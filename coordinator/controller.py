@@ -32,15 +32,15 @@ JOIN_NAME = "join"
 
 class Plan:
     """A response, the global ranks that must run it, and for the autotuner
-    the bytes it moves and the first tensor's name."""
+    the bytes it moves and its tensors' names."""
 
-    __slots__ = ("response", "recipients", "nbytes", "first_name")
+    __slots__ = ("response", "recipients", "nbytes", "names")
 
-    def __init__(self, response, recipients, nbytes=0, first_name=""):
+    def __init__(self, response, recipients, nbytes=0, names=()):
         self.response = response
         self.recipients = tuple(recipients)
         self.nbytes = nbytes
-        self.first_name = first_name
+        self.names = names
 
     def __repr__(self):
         r = self.response
@@ -518,5 +518,5 @@ class Controller:
                 if q.op == pb.ALLGATHER and shape:
                     shape[0] = 0
                 resp.specs.add(name=neg.name, dtype=q.dtype, shape=shape)
-        return Plan(resp, members, sum(neg.nbytes for neg in negs), negs[0].name)
+        return Plan(resp, members, sum(neg.nbytes for neg in negs), [neg.name for neg in negs])
 

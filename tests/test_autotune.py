@@ -17,13 +17,15 @@ class Clock:
 
 
 def run(tuner, controller, clock, cost, steps=2000):
-    """Feeds the tuner training steps whose duration `cost(threshold, cycle)` gives."""
+    """Feeds the tuner training steps whose duration `cost(threshold, cycle)` gives,
+    after a one-off broadcast that must not be taken for the step."""
+    tuner.observe([Plan(pb.Response(), (0, 1), 100, ["params.broadcast"])])
     for _ in range(steps):
         if tuner.done:
             break
         clock.now += cost(controller.fusion_threshold, controller.cycle_time)
-        tuner.observe([Plan(pb.Response(), (0, 1), 10 * MIB, "grad.0"),
-                       Plan(pb.Response(), (0, 1), 5 * MIB, "grad.1")])
+        tuner.observe([Plan(pb.Response(), (0, 1), 10 * MIB, ["grad.1", "grad.0"]),
+                       Plan(pb.Response(), (0, 1), 5 * MIB, ["grad.2"])])
 
 
 def test_converges_to_the_fastest_candidate_and_logs_every_sample(tmp_path):
@@ -41,6 +43,7 @@ def test_converges_to_the_fastest_candidate_and_logs_every_sample(tmp_path):
     assert (ctl.fusion_threshold, ctl.cycle_time) == tuner.best
     rows = list(csv.DictReader(log.open()))
     assert rows[-1]["phase"] == "chosen" and rows[-1]["fusion_threshold_bytes"] == str(16 * MIB)
+    assert all(int(r["steps"]) == 3 for r in rows[:-1])  # steps recognised by name
     tried = {(int(r["fusion_threshold_bytes"]), float(r["cycle_time_ms"]))
              for r in rows if r["phase"] in ("threshold", "cycle_time")}
     assert {(t, 0.0) for t in THRESHOLDS} <= tried
