@@ -22,8 +22,9 @@ $(STAMP): setup.py pyproject.toml proto/coordinator.proto
 	$(PIP) install --quiet "numpy<2"
 	# Chainer 7.8.1 builds only with setuptools<70 and without build isolation.
 	$(PIP) install --quiet --no-build-isolation chainer==7.8.1
-	$(PIP) install --quiet torch==2.13.0 tensorflow-cpu==2.21.0
-	$(PIP) install --quiet -e ".[all]"
+	# numpy<2 on every line: Chainer 7.8.1 imports only with NumPy 1.
+	$(PIP) install --quiet torch==2.13.0 tensorflow-cpu==2.21.0 "numpy<2"
+	$(PIP) install --quiet -e ".[all]" "numpy<2"
 	touch $(STAMP)
 
 DEMO ?= examples/torch/train_digits.py

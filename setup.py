@@ -65,7 +65,7 @@ def native_extensions():
 EXTRAS = {
     "torch": ["torch>=2.0"],
     "tensorflow": ["tensorflow-cpu>=2.16"],
-    "chainer": ["chainer==7.8.1"],
+    "chainer": ["chainer==7.8.1", "numpy<2"],  # Chainer 7.8.1 needs NumPy 1
     "test": ["pytest", "scikit-learn", "matplotlib", "psutil"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
