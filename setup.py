@@ -66,7 +66,8 @@ EXTRAS = {
     "torch": ["torch>=2.0"],
     "tensorflow": ["tensorflow-cpu>=2.16"],
     "chainer": ["chainer==7.8.1", "numpy<2"],  # Chainer 7.8.1 needs NumPy 1
-    "test": ["pytest", "scikit-learn", "matplotlib", "psutil"],
+    # grpcio-tools: tests/test_wire.py recompiles proto/ to check the generated code.
+    "test": ["pytest", "scikit-learn", "matplotlib", "psutil", "grpcio-tools>=1.85,<2"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
 
