@@ -8,10 +8,12 @@ negotiates tensors by name with the other ranks, fuses them, and runs the
 collectives over MPI in the same order everywhere.
 """
 
-from coordinator.basics import (add_process_set, cross_rank, cross_size, init,
+from coordinator.basics import (add_process_set, ccl_built, cross_rank, cross_size,
+                                cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                                 is_homogeneous, is_initialized, local_rank, local_size,
-                                mpi_threads_supported, rank, remove_process_set, shutdown,
-                                size, start_timeline, stop_timeline)
+                                mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                                rank, remove_process_set, rocm_built, shutdown, size,
+                                start_timeline, stop_timeline)
 from coordinator.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather,
                                      allgather_async, allreduce, allreduce_async, alltoall,
                                      alltoall_async, barrier, broadcast, broadcast_async,
@@ -28,7 +30,8 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",
     "cross_size", "cross_rank", "is_homogeneous", "mpi_threads_supported",
-    "start_timeline", "stop_timeline",
+    "start_timeline", "stop_timeline", "mpi_built", "mpi_enabled", "gloo_built",
+    "gloo_enabled", "nccl_built", "ccl_built", "ddl_built", "cuda_built", "rocm_built",
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_async", "alltoall", "alltoall_async",

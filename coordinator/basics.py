@@ -1,5 +1,6 @@
 """Starting and stopping the coordinator, and what it knows about the job."""
 
+import importlib.util
 import os
 
 from coordinator import collectives, runtime
@@ -149,3 +150,43 @@ def stop_timeline():
     """Stops writing the timeline and closes the file (still valid JSON)."""
     rt = _rt("stop_timeline")
     rt.timeline.stop()
+
+
+# What this build holds, for every frontend's *_built / *_enabled queries.
+# Data moves over MPI (mpi4py); there is no Gloo, NCCL, oneCCL, DDL, CUDA or
+# ROCm code, so those report False (NCCL: 0, the version code Horovod returns
+# when it is absent).
+def mpi_built():
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def mpi_enabled():
+    return is_initialized()
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    return 0
+
+
+def ccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False

@@ -22,7 +22,6 @@ come in the same order on its ranks.
 """
 
 import functools
-import importlib.util
 import inspect
 import itertools
 import warnings
@@ -32,6 +31,10 @@ import torch
 
 import coordinator as core
 from coordinator import basics as _core_basics
+# Build queries and the timeline are the core's: every frontend answers the same.
+from coordinator.basics import (ccl_built, cuda_built, ddl_built, gloo_built,  # noqa: F401
+                                gloo_enabled, mpi_built, mpi_enabled, nccl_built, rocm_built,
+                                start_timeline, stop_timeline)
 from coordinator.errors import HorovodInternalError
 from coordinator.process_sets import ProcessSet, global_process_set
 from frontends.torch import _tensors
@@ -184,54 +187,6 @@ def remove_process_set(process_set):
     if removed:
         _handles.forget_set(pid)
     return removed
-
-
-def start_timeline(file_path, mark_cycles=False):
-    """Starts writing the coordinator's timeline (Chrome trace) to file_path."""
-    core.start_timeline(file_path, mark_cycles=mark_cycles)
-
-
-def stop_timeline():
-    """Stops writing the timeline."""
-    core.stop_timeline()
-
-
-# What this build has. The data plane is MPI (mpi4py); there is no Gloo,
-# NCCL, oneCCL, DDL, CUDA or ROCm code in it.
-def mpi_built():
-    return importlib.util.find_spec("mpi4py") is not None
-
-
-def mpi_enabled():
-    return core.is_initialized()
-
-
-def gloo_built():
-    return False
-
-
-def gloo_enabled():
-    return False
-
-
-def nccl_built():
-    return 0
-
-
-def ccl_built():
-    return False
-
-
-def ddl_built():
-    return False
-
-
-def cuda_built():
-    return False
-
-
-def rocm_built():
-    return False
 
 
 # ----------------------------------------------------------------- helpers
