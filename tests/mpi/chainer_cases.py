@@ -652,3 +652,38 @@ def case_multi_node_iterator_shares_the_master_batches(hvd):
         assert_equal(xi, x[i])
         assert np.asarray(yi).dtype == np.int32 and int(yi) == y[i]
     assert it.epoch == 1 and it.is_new_epoch
+
+
+def case_create_mnbn_model_swaps_batch_normalization_and_keeps_its_state(hvd):
+    n, me, m = COMM.size, COMM.rank, 4
+    with chainer.using_config("dtype", np.float64):
+        model = chainer.Sequential(L.Linear(3, 3, initialW=np.eye(3)), L.BatchNormalization(3))
+        model[1].gamma.array[...] = [1.0, 2.0, 3.0]
+        model[1].avg_mean[...] = 5.0
+    mn = chainermn.links.create_mnbn_model(model, COMM)
+    assert isinstance(mn[1], chainermn.MultiNodeBatchNormalization)
+    assert isinstance(model[1], L.BatchNormalization)  # the original is untouched
+    np.testing.assert_array_equal(mn[1].gamma.array, [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(mn[1].avg_mean, 5.0)
+    x_all = np.random.RandomState(91).standard_normal((n * m, 3))
+    y = mn(x_all[me * m:(me + 1) * m]).array
+    y_full = model(x_all).array  # the original, on the whole global batch
+    np.testing.assert_allclose(y, y_full[me * m:(me + 1) * m], rtol=1e-10, atol=1e-12)
+
+
+class _FakeTrainer:
+    def __init__(self):
+        self.observation = {}
+        self.communicate = False
+
+
+def case_observation_aggregator_averages_every_rank_history(hvd):
+    agg = chainermn.extensions.ObservationAggregator(
+        COMM, "main/loss", "main/global_loss", comm_trigger=lambda t: t.communicate)
+    trainer = _FakeTrainer()
+    for step, communicate in ((0, False), (1, True)):
+        trainer.observation = {"main/loss": chainer.Variable(np.array(COMM.rank + 10.0 * step))}
+        trainer.communicate = communicate
+        agg(trainer)
+    values = [r + 10.0 * s for r in range(COMM.size) for s in (0, 1)]
+    np.testing.assert_allclose(trainer.observation["main/global_loss"], np.mean(values))
