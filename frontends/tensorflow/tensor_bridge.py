@@ -20,6 +20,8 @@ DLPack on an unaligned buffer does not fail cleanly: TensorFlow aborts the
 process on first use. `to_tensor` therefore checks alignment first.
 """
 
+import math
+
 import numpy as np
 import tensorflow as tf
 
@@ -39,8 +41,8 @@ def aligned_empty(shape, dtype):
     """An uninitialised C-contiguous array whose data starts on a 64-byte
     boundary, so TensorFlow can adopt it without a copy."""
     dtype = np.dtype(dtype)
-    shape = tuple(int(d) for d in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    shape = tuple(shape)
+    nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -_address(raw) % ALIGNMENT
     return raw[start:start + nbytes].view(dtype).reshape(shape)
