@@ -57,8 +57,9 @@ def _array(x, what, reducible=False):
         raise TypeError(f"{what}: expected a NumPy array, got {type(x).__name__}")
     info = core_dtypes.info_for(arr.dtype)
     if info is None or (reducible and not info.reducible):
+        note = "; bool cannot be summed" if reducible else ""
         raise TypeError(f"{what} does not support dtype {arr.dtype} (supported: "
-                        f"{core_dtypes.SUPPORTED_NAMES}{'; bool cannot be summed' if reducible else ''})")
+                        f"{core_dtypes.SUPPORTED_NAMES}{note})")
     return arr
 
 

@@ -33,7 +33,8 @@ class _Timings:
 class _MultiNodeCheckpointer(extension.Extension):
     def __init__(self, name, comm, cp_interval, gc_interval, path):
         if not name or "." in name:
-            raise ValueError(f"checkpointer name must be non-empty and contain no '.', got {name!r}")
+            raise ValueError("checkpointer name must be non-empty and contain no '.', "
+                             f"got {name!r}")
         if cp_interval <= 0 or gc_interval <= 0:
             raise ValueError("cp_interval and gc_interval must be positive")
         self.name = name

@@ -55,7 +55,7 @@ class _GlobalStatsImpl(bn.GeneralBatchNormalizationImpl):
         return tmp[:n], tmp[n:]
 
 
-def _check_backend(comm, communication_backend):
+def _check_backend(communication_backend):
     if communication_backend not in ("mpi", "nccl", "auto"):
         raise ValueError(f"MultiNodeBatchNormalization does not support "
                          f"{communication_backend}.")
@@ -76,7 +76,7 @@ class MultiNodeBatchNormalization(link.Link):
                  use_beta=True, initial_gamma=None, initial_beta=None,
                  communication_backend="auto"):
         super().__init__()
-        _check_backend(comm, communication_backend)
+        _check_backend(communication_backend)
         self._highprec_dtype = chainer.get_dtype(dtype, map_mixed16=np.float32)
         self.comm = comm
         # All ranks build their models in the same order, so this name agrees.
