@@ -109,6 +109,21 @@ def case_fit_matches_single_process_full_batch_and_ranks_agree(core):
     assert int(model.optimizer.iterations) == int(reference.optimizer.iterations)
 
 
+def case_fit_with_steps_per_execution_runs_collectives_in_a_loop(core):
+    """Keras runs several steps inside one tf.while_loop: the allreduce is in
+    the loop body, still in order on every rank."""
+    r = hvd.rank()
+    xs, ys = _shards(64)
+    model = _compile(_model(seed=11), hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                     steps_per_execution=4)
+    model.fit(xs[r], ys[r], batch_size=PER_RANK_BATCH, epochs=2, shuffle=False, verbose=0)
+    _assert_same_on_every_rank(core, model, "steps_per_execution")
+    reference = _compile(_model(seed=11), keras.optimizers.SGD(0.1))
+    reference.fit(_global_batches(xs, PER_RANK_BATCH), _global_batches(ys, PER_RANK_BATCH),
+                  batch_size=PER_RANK_BATCH * hvd.size(), epochs=2, shuffle=False, verbose=0)
+    _assert_same_weights(model, reference, "steps_per_execution=4 vs one process")
+
+
 def case_backward_passes_per_step_equals_a_larger_batch(core):
     r = hvd.rank()
     xs, ys = _shards(64)
