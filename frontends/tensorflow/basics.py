@@ -1,7 +1,5 @@
 """Starting the coordinator from TensorFlow, and what the job looks like."""
 
-import importlib.util
-
 import coordinator as core
 from coordinator import basics as _core_basics
 
@@ -43,40 +41,13 @@ def stop_timeline():
     core.stop_timeline()
 
 
-# What this build holds. Data moves over MPI (mpi4py); there is no Gloo,
-# NCCL, oneCCL, DDL, CUDA or ROCm code, so those report False (NCCL: 0, the
-# version code Horovod returns when it is absent).
-def mpi_built():
-    return importlib.util.find_spec("mpi4py") is not None
-
-
-def mpi_enabled():
-    return core.is_initialized()
-
-
-def gloo_built():
-    return False
-
-
-def gloo_enabled():
-    return False
-
-
-def nccl_built():
-    return 0
-
-
-def ccl_built():
-    return False
-
-
-def ddl_built():
-    return False
-
-
-def cuda_built():
-    return False
-
-
-def rocm_built():
-    return False
+# What this build holds: the core answers for every frontend.
+mpi_built = core.mpi_built
+mpi_enabled = core.mpi_enabled
+gloo_built = core.gloo_built
+gloo_enabled = core.gloo_enabled
+nccl_built = core.nccl_built
+ccl_built = core.ccl_built
+ddl_built = core.ddl_built
+cuda_built = core.cuda_built
+rocm_built = core.rocm_built
