@@ -104,7 +104,6 @@ class Background:
         self.finished = False
         self._next_liveness = 0.0
         self._next_stall_check = 0.0
-        self.turns = 0
         self.stats = {"cached_requests": 0, "full_requests": 0, "responses": 0}
         self.thread = threading.Thread(target=self._main, name="coordinator-background",
                                        daemon=True)
@@ -165,7 +164,6 @@ class Background:
         return timeout
 
     def _turn(self):
-        self.turns += 1
         worked = False
         entries = self.queue.drain()
         requests = None

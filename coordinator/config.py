@@ -59,7 +59,6 @@ class Config:
     log_level: str = "warning"
     log_hide_time: bool = False
     hierarchical_allreduce: bool = False
-    hierarchical_allgather: bool = False
     torus_allreduce: bool = False
     autotune: bool = False
     autotune_log: str = ""
@@ -97,7 +96,6 @@ class Config:
             log_level=level,
             log_hide_time=_bool(env, "HOROVOD_LOG_HIDE_TIME", False),
             hierarchical_allreduce=_bool(env, "HOROVOD_HIERARCHICAL_ALLREDUCE", False),
-            hierarchical_allgather=_bool(env, "HOROVOD_HIERARCHICAL_ALLGATHER", False),
             torus_allreduce=_bool(env, "HOROVOD_TORUS_ALLREDUCE", False),
             autotune=_bool(env, "HOROVOD_AUTOTUNE", False),
             autotune_log=env.get("HOROVOD_AUTOTUNE_LOG", ""),

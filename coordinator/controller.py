@@ -250,10 +250,6 @@ class Controller:
             return self._ready_since + self.cycle_time
         return None
 
-    @property
-    def pending_names(self):
-        return list(self._pending)
-
     def has_pending(self):
         return bool(self._pending or self._ready or self._plans)
 

@@ -50,10 +50,6 @@ class PeerMonitor:
             self._fds[fd] = (rank, pid, hostname)
             self._poll.register(fd, select.POLLIN)
 
-    @property
-    def watched(self):
-        return sorted(r for r, _, _ in self._fds.values())
-
     def check(self):
         """Peers found dead since the last call: a list of (rank, pid, host)."""
         if not self._fds or not self._lock.acquire(blocking=False):

@@ -121,8 +121,5 @@ class WorkerCache:
         if name is not None and self._by_name.get(name, (None, None))[1] == cache_id:
             del self._by_name[name]
 
-    def name_of(self, cache_id):
-        return self._by_id.get(cache_id)
-
     def __len__(self):
         return len(self._by_name)

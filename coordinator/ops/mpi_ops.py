@@ -12,8 +12,6 @@ from coordinator import dtypes, native
 from coordinator.fusion import as_bytes, copy_scaled, pack, scale_inplace, unpack
 from coordinator.wire import pb
 
-BYTE_SEGMENT_TYPES = {pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL}
-
 
 def _same_memory(a, b):
     return a is b or (a.size > 0 and a.__array_interface__["data"][0]
