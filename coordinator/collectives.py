@@ -9,6 +9,7 @@ generated from it (`_blocking`): submit, then `synchronize`.
 import functools
 import itertools
 import numbers
+import warnings
 
 import numpy as np
 
@@ -99,6 +100,24 @@ def _output(output, arr, what):
         raise ValueError(f"{what}: output must be a writeable C-contiguous array (it is "
                          "written in place); pass a contiguous array or no output")
     return output
+
+
+def handle_average_backwards_compatibility(op, average, stacklevel=3):
+    """Horovod frontends' rule for `op` and the deprecated `average`: both
+    given is an error; `average` alone warns (`stacklevel` as for
+    warnings.warn; 3 names the caller of a public op that calls this) and
+    picks Average or Sum; neither means Average. The core's own API checks
+    its arguments in `_reduce_op` instead, naming the tensor."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one "
+                             "of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
+                      "in v1.0", DeprecationWarning, stacklevel=stacklevel)
+        return Average if average else Sum
+    return Average
 
 
 def _reduce_op(op, average, what):

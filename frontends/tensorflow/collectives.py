@@ -7,29 +7,13 @@ divided by the set's size. Summing duplicate indices is left to whoever
 applies the slices, as with any IndexedSlices.
 """
 
-import warnings
-
 import tensorflow as tf
 
+from coordinator.collectives import handle_average_backwards_compatibility
 from coordinator.process_sets import global_process_set
 from frontends.tensorflow import mpi_ops
 from frontends.tensorflow.compression import Compression
 from frontends.tensorflow.mpi_ops import Adasum, Average, Sum
-
-
-def handle_average_backwards_compatibility(op, average):
-    """The reduce op from Horovod's `op` and deprecated `average` arguments:
-    both given is an error; `average` alone warns; neither means Average."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one "
-                             "of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
-                      "in v1.0", DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
 
 
 def _check_sparse(op, prescale_factor, postscale_factor):

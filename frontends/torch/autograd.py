@@ -19,6 +19,7 @@ collective from mpi_ops, its backward is Horovod's gradient for it:
 
 import torch
 
+from coordinator.collectives import handle_average_backwards_compatibility
 from coordinator.process_sets import global_process_set
 from frontends.torch import mpi_ops
 from frontends.torch.compression import Compression
@@ -177,7 +178,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Reduces `tensor` over the process set and returns a new tensor;
     differentiable. op: Average (default), Sum, Min, Max, Product, Adasum."""
-    op = mpi_ops._reduce_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     compressed, ctx = compression.compress(tensor)
     rule = _Allreduce(False, name, op, prescale_factor, postscale_factor, process_set)
     (out,) = _Collective.apply(rule, compressed)
@@ -188,7 +189,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0,
                       process_set=global_process_set):
     """Reduces a list of tensors as one unit; returns a list; differentiable."""
-    op = mpi_ops._reduce_op(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
     rule = _Allreduce(True, name, op, prescale_factor, postscale_factor, process_set)
     outs = _Collective.apply(rule, *compressed)

@@ -24,7 +24,6 @@ come in the same order on its ranks.
 import functools
 import inspect
 import itertools
-import warnings
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ from coordinator import basics as _core_basics
 from coordinator.basics import (ccl_built, cuda_built, ddl_built, gloo_built,  # noqa: F401
                                 gloo_enabled, mpi_built, mpi_enabled, nccl_built, rocm_built,
                                 start_timeline, stop_timeline)
+from coordinator.collectives import handle_average_backwards_compatibility
 from coordinator.errors import HorovodInternalError
 from coordinator.process_sets import ProcessSet, global_process_set
 from frontends.torch import _tensors
@@ -190,18 +190,6 @@ def remove_process_set(process_set):
 
 
 # ----------------------------------------------------------------- helpers
-def _reduce_op(op, average):
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one "
-                             "of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed "
-                      "in v1.0", DeprecationWarning, stacklevel=4)
-        return Average if average else Sum
-    return Average
-
 
 def _results(bridged, grouped):
     outs = tuple(b.written() for b in bridged)
@@ -216,7 +204,7 @@ def _device_kwargs(bridged):
 # --------------------------------------------------- the one implementations
 def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set, *, grouped, inplace):
-    op = _reduce_op(op, average)
+    op = handle_average_backwards_compatibility(op, average, stacklevel=4)
     handle = _handles.new()
     prefix = "grouped_allreduce" if grouped else "allreduce"
     ins = [_tensors.bridge(t, prefix, reducible=True) for t in tensors]

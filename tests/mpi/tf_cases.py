@@ -99,7 +99,9 @@ def case_allreduce_scaling_variable_input_and_deprecated_average(core):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         summed = hvd.allreduce(tf.constant(inputs[hvd.rank()]), average=False)
-    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert deprecations and all(w.filename == __file__ for w in deprecations), \
+        [(w.filename, w.lineno) for w in deprecations]
     np.testing.assert_allclose(summed.numpy(), sum(inputs))
     expect_raises(ValueError, hvd.allreduce, tf.ones(2), average=True, op=hvd.Sum)
 

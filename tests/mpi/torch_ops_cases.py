@@ -140,8 +140,13 @@ def case_allreduce_scale_factors_and_deprecated_average(_core):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = hvd.allreduce(inputs[hvd.rank()], average=False)
+        out_async = hvd.synchronize(hvd.allreduce_async(inputs[hvd.rank()], average=False))
     same(out, total, "average=False means Sum")
-    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+    same(out_async, total, "average=False means Sum (async)")
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    # Both warnings point at the caller's line, as Horovod's do.
+    assert len(deprecations) == 2 and all(w.filename == __file__ for w in deprecations), \
+        [(w.filename, w.lineno) for w in deprecations]
     expect_raises(ValueError, hvd.allreduce, inputs[hvd.rank()], average=True, op=hvd.Sum)
 
 
