@@ -2,30 +2,7 @@
 
 import tensorflow as tf
 
-
-class Compressor:
-    """compress(tensor) -> (compressed, context); decompress(compressed,
-    context) -> tensor."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from coordinator.compression import Compressor, NoneCompressor
 
 
 class FP16Compressor(Compressor):

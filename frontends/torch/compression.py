@@ -4,29 +4,7 @@ in their own dtype)."""
 
 import torch
 
-
-class Compressor:
-    """compress(tensor) -> (tensor to send, context); decompress(tensor, context)."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends the tensor as it is."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from coordinator.compression import Compressor, NoneCompressor
 
 
 class FP16Compressor(Compressor):
