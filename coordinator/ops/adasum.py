@@ -16,7 +16,6 @@ the result at the end.
 """
 
 import numpy as np
-from mpi4py import MPI
 
 from coordinator import dtypes
 from coordinator.fusion import pack, unpack

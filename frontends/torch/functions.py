@@ -6,7 +6,7 @@ import io
 import torch
 
 from coordinator.process_sets import global_process_set
-from frontends.torch.mpi_ops import (allgather, broadcast_, broadcast_async_, rank, size,
+from frontends.torch.mpi_ops import (allgather, broadcast_, broadcast_async_, rank,
                                      synchronize)
 
 try:
