@@ -626,6 +626,15 @@ def case_synchronized_iterator_gives_every_rank_the_same_shuffled_batches(hvd):
     assert all(b == batches for b in everyone)
     first_epoch = [v for b in batches[:5] for v in b]
     assert sorted(first_epoch) == list(range(20)) and first_epoch != list(range(20))
+    # It stands in for the iterator it wraps: attributes and serialization.
+    actual = it.actual_iterator
+    assert it.batch_size == 4 and it.epoch == actual.epoch == 2
+    it.batch_size = 5
+    assert actual.batch_size == 5
+    saved = chainer.serializers.DictionarySerializer()
+    it.serialize(saved)
+    assert int(saved.target["epoch"]) == 2
+    assert int(saved.target["current_position"]) == actual.current_position
 
 
 def case_multi_node_iterator_shares_the_master_batches(hvd):

@@ -13,6 +13,8 @@ import numpy as np
 
 import chainer
 
+from frontends.chainer.iterators._wrapper import IteratorWrapper
+
 
 def _layout(batch):
     """(is_tuple, stacked fields) of a list of examples, or TypeError."""
@@ -34,7 +36,7 @@ def _layout(batch):
     return is_tuple, fields
 
 
-class _MultiNodeIteratorMaster(chainer.dataset.iterator.Iterator):
+class _MultiNodeIteratorMaster(IteratorWrapper):
     def __init__(self, actual_iterator, communicator, rank_master):
         object.__setattr__(self, "actual_iterator", actual_iterator)
         object.__setattr__(self, "communicator", communicator)
@@ -61,15 +63,6 @@ class _MultiNodeIteratorMaster(chainer.dataset.iterator.Iterator):
         return batch
 
     next = __next__
-
-    def __getattr__(self, name):
-        return getattr(self.actual_iterator, name)
-
-    def __setattr__(self, name, value):
-        setattr(self.actual_iterator, name, value)
-
-    def serialize(self, serializer):
-        self.actual_iterator.serialize(serializer)
 
 
 class _MultiNodeIteratorSlave(chainer.dataset.iterator.Iterator):

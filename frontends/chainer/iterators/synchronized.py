@@ -9,8 +9,10 @@ import numpy as np
 
 import chainer
 
+from frontends.chainer.iterators._wrapper import IteratorWrapper
 
-class _SynchronizedIterator(chainer.dataset.iterator.Iterator):
+
+class _SynchronizedIterator(IteratorWrapper):
     def __init__(self, actual_iterator, communicator):
         if not hasattr(actual_iterator, "order_sampler"):
             raise ValueError("actual_iterator must have order_sampler (e.g. "
@@ -27,15 +29,6 @@ class _SynchronizedIterator(chainer.dataset.iterator.Iterator):
         return self.actual_iterator.__next__()
 
     next = __next__
-
-    def __getattr__(self, name):
-        return getattr(self.actual_iterator, name)
-
-    def __setattr__(self, name, value):
-        setattr(self.actual_iterator, name, value)
-
-    def serialize(self, serializer):
-        self.actual_iterator.serialize(serializer)
 
 
 def create_synchronized_iterator(actual_iterator, communicator):
