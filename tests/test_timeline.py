@@ -2,7 +2,6 @@
 activities, every rank's submit time, and a report that names who was late."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -86,6 +85,25 @@ def test_report_command_prints_and_plots(straggler_trace, tmp_path):
     assert "late rank 1" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "RuntimeWarning" not in proc.stderr
+
+
+@pytest.mark.mpi
+def test_plot_marks_the_late_rank_in_its_own_colour(straggler_trace):
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig = analyse(straggler_trace, top=5).figure()
+    ax = fig.axes[0]
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    tab10 = plt.get_cmap("tab10")
+    late = [c for c in ax.collections if len(c.get_offsets()) and c.get_sizes()[0] == 80]
+    assert late, "no late arrivals drawn"
+    # Every late mark on grad.late's row is rank 1's (the straggler's) colour.
+    on_late_row = [c for c in late if c.get_offsets()[0][1] == rows.index("grad.late")]
+    assert on_late_row
+    for c in on_late_row:
+        assert np.allclose(c.get_facecolors()[0][:3], tab10(1)[:3])
+    plt.close(fig)
 
 
 @pytest.mark.mpi

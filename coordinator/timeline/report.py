@@ -201,6 +201,17 @@ class Report:
         return "\n".join(lines)
 
     def plot(self, path):
+        """Draws `figure()` into the PNG file `path`."""
+        import matplotlib.pyplot as plt
+
+        fig = self.figure()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+    def figure(self):
+        """A matplotlib figure of the longest waits: one row per tensor, a
+        dot for each rank's arrival, a large x in the rank's colour for the
+        late ones."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -218,21 +229,25 @@ class Report:
             times = [(t - base) / 1e6 for t in rec["ready"].values()]
             ax.plot([min(times), max(times)], [y, y], color="0.7", linewidth=3, zorder=1)
             for rank, t in rec["ready"].items():
-                ax.scatter((t - base) / 1e6, y, color=colors(ranks.index(rank) % 10), s=18,
-                           zorder=2)
-                if rank in rec["late"]:
-                    ax.scatter((t - base) / 1e6, y, marker="x", color="red", s=80, zorder=3)
+                # A late arrival is a large x in its rank's colour, so the
+                # plot says who was late, not only that someone was.
+                late = rank in rec["late"]
+                ax.scatter((t - base) / 1e6, y, color=colors(ranks.index(rank) % 10),
+                           marker="x" if late else "o", s=80 if late else 18,
+                           zorder=3 if late else 2)
         for i, rank in enumerate(ranks):
             ax.scatter([], [], color=colors(i % 10), label=f"rank {rank} ready")
-        ax.scatter([], [], marker="x", color="red", label="late")
+            ax.scatter([], [], color=colors(i % 10), marker="x", s=80, label=f"rank {rank} late")
         ax.set_yticks(range(len(tensors)))
         ax.set_yticklabels(tensors, fontsize=7)
         ax.set_xlabel("seconds since the start of the trace")
-        ax.set_title("Negotiations: when each rank submitted each tensor (late ranks marked)")
+        shown = (f"the {len(records)} longest waits of {self.negotiations}"
+                 if len(records) < self.negotiations else f"all {len(records)}")
+        ax.set_title(f"Negotiations ({shown}): when each rank submitted each tensor; "
+                     f"x = the others waited {LATE_THRESHOLD / 1e3:g} ms or more")
         ax.legend(loc="upper right", fontsize=7)
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        return fig
 
 
 def analyse(path, top=10):
