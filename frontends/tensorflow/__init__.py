@@ -37,6 +37,11 @@ from frontends.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Su
                                           local_size_op, process_set_included_op, rank_op,
                                           size_op)
 from frontends.tensorflow.sync_batch_norm import SyncBatchNormalization
+from frontends.tensorflow import errors as _errors
+
+# Mismatches inside a tf.function raise FailedPreconditionError, as Horovod's
+# compiled ops do (errors.py says how).
+_errors.install_graph_error_types()
 
 
 def broadcast_global_variables(root_rank):

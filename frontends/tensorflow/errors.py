@@ -12,10 +12,15 @@ Inside a `tf.function` the collective runs as a Python op, and TensorFlow
 itself decides the class of an exception leaving a Python op
 (tensorflow/python/lib/core/py_func.cc): ValueError and TypeError become
 InvalidArgumentError, NotImplementedError UnimplementedError, anything else
-UnknownError. There is no way to raise FailedPreconditionError from there, so
-a mismatch inside a `tf.function` surfaces as `tf.errors.UnknownError` whose
-message starts with the core's `TensorMismatchError: ...` text. Eagerly the
-types are exactly Horovod's.
+UnknownError, whatever the Python exception was. So a Python op cannot raise
+FailedPreconditionError itself. `graph_call` (the body of every collective
+op) marks the errors that must leave as FailedPreconditionError, and
+`install_graph_error_types` makes TensorFlow's function call, the one place
+every failing `tf.function` (a Keras train step included) passes through,
+turn an UnknownError carrying that mark into FailedPreconditionError with the
+same message. Errors without the mark are left alone. Where a TensorFlow
+release moves that function call, the mark stays in an UnknownError's message
+and tests/mpi/tf_cases.py fails.
 """
 
 import tensorflow as tf
@@ -53,6 +58,63 @@ def call(fn, *args, **kwargs):
         if translated is exc:
             raise
         raise translated from exc
+
+
+# Leads the message of an exception a Python op raises for a core error that
+# must reach the caller as FailedPreconditionError (see the module doc).
+_FAILED_PRECONDITION_MARK = "[coordinator: FailedPreconditionError] "
+
+
+def graph_call(fn, *args):
+    """Runs `fn` inside a Python op (tf.numpy_function). A core error that
+    Horovod reports as FailedPreconditionError is re-raised with the mark
+    that `install_graph_error_types` turns back into that class; others
+    leave as they are (TensorFlow maps ValueError to InvalidArgumentError
+    and the rest to UnknownError, as `translate` does)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - re-raised, marked or not
+        if isinstance(translate(exc), tf.errors.FailedPreconditionError):
+            raise RuntimeError(f"{_FAILED_PRECONDITION_MARK}{type(exc).__name__}: "
+                               f"{exc}") from exc
+        raise
+
+
+def _failed_precondition(exc):
+    """The FailedPreconditionError for a marked UnknownError, else None."""
+    if not isinstance(exc, tf.errors.UnknownError):
+        return None
+    message = exc.message
+    if _FAILED_PRECONDITION_MARK not in message:
+        return None
+    return tf.errors.FailedPreconditionError(
+        exc.node_def, exc.op, message.replace(_FAILED_PRECONDITION_MARK, ""))
+
+
+def install_graph_error_types():
+    """Makes a failing `tf.function` call raise FailedPreconditionError for
+    the errors `graph_call` marked. Returns False where this TensorFlow has
+    no such hook (the error then stays UnknownError, mark included)."""
+    try:
+        from tensorflow.python.eager.polymorphic_function import atomic_function
+
+        scope = atomic_function.InterpolateRuntimeError
+        original = scope.__exit__
+    except (ImportError, AttributeError):  # pragma: no cover - other TF releases
+        return False
+    if getattr(original, "_coordinator_wrapped", False):
+        return True
+
+    def __exit__(self, typ, exc, tb):
+        suppress = original(self, typ, exc, tb)  # TF rewrites exc's message here
+        replacement = _failed_precondition(exc)
+        if replacement is not None:
+            raise replacement.with_traceback(tb) from None
+        return suppress
+
+    __exit__._coordinator_wrapped = True
+    scope.__exit__ = __exit__
+    return True
 
 
 def xla_unsupported(what):

@@ -82,7 +82,7 @@ def _run(what, body, inputs, out_dtypes, out_shapes, stateful=True):
         raise errors.xla_unsupported(what)
 
     def graph_body(*arrays):
-        return [bridge.adoptable_result(r) for r in body(*arrays)]
+        return [bridge.adoptable_result(r) for r in errors.graph_call(body, *arrays)]
 
     outputs = tf.numpy_function(graph_body, list(inputs), list(out_dtypes), stateful=stateful)
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]

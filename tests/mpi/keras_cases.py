@@ -320,6 +320,24 @@ def case_jit_compiled_train_step_raises_a_clear_error(core):
     assert "jit_compile" in str(exc), str(exc)
 
 
+def case_fit_with_mismatched_models_raises_failed_precondition(core):
+    # Rank 0's hidden layer is wider: its gradients disagree in shape. (Names
+    # given: an earlier case built one more model on rank 0, and Keras'
+    # generated names, which the allreduces are named after, would differ.)
+    r = hvd.rank()
+    xs, ys = _shards(16)
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential([keras.Input((64,)),
+                              keras.layers.Dense(13 if r == 0 else 12, activation="relu",
+                                                 name="hidden"),
+                              keras.layers.Dense(10, name="logits")], name="mismatched")
+    _compile(model, hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)))
+    exc = expect_raises(tf.errors.FailedPreconditionError, model.fit, xs[r], ys[r],
+                        batch_size=PER_RANK_BATCH, epochs=1, verbose=0)
+    message = str(exc)
+    assert "shape" in message and "rank 0" in message and "rank 1" in message, message
+
+
 def case_keras_module_collectives(core):
     n, r = hvd.size(), hvd.rank()
     np.testing.assert_allclose(hvd.allreduce([1.0, r]).numpy(),
