@@ -16,6 +16,7 @@ stalls and dead peers.
 
 import ctypes
 import logging
+import os
 import threading
 import time
 
@@ -46,12 +47,33 @@ ERROR_TYPES = {
 # While work is in flight: poll without sleeping for SPIN_TIME seconds after
 # the last progress, plus SPIN_PER_TENSOR for each tensor in flight (rank 0
 # needs longer to decide on a burst of many), then sleep, doubling from
-# BACKOFF_MIN up to BACKOFF_MAX seconds.
+# BACKOFF_MIN up to BACKOFF_MAX seconds. While a frontend thread is blocked
+# waiting for a result, the process has nothing else to run: poll for up to
+# SPIN_WAITED seconds instead, yielding the CPU between polls, because a
+# sleeping thread answers a peer's message only when its sleep ends (up to
+# BACKOFF_MAX late, at every hop of a negotiation). Only where every rank on
+# this machine has a CPU of its own: oversubscribed, the polling would take
+# the CPU from a rank that is still computing.
 SPIN_TIME = 200e-6
 SPIN_PER_TENSOR = 10e-6
+SPIN_WAITED = 10e-3
 BACKOFF_MIN = 20e-6
 BACKOFF_MAX = 500e-6
 LIVENESS_PERIOD = 0.1
+
+
+def _cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def waited_spin_budget(colocated, cpus):
+    """How long (seconds) to poll while a frontend thread waits: SPIN_WAITED
+    when the `colocated` ranks of this machine each have one of its `cpus`,
+    else 0 (back off at once, as without a waiter)."""
+    return SPIN_WAITED if colocated <= cpus else 0.0
 
 
 def _tighten_timer_slack():
@@ -76,6 +98,9 @@ class Background:
         self.is_coordinator = self.rank == 0
         self.cache = WorkerCache()
         self.cache_enabled = self.config.cache_capacity > 0
+        topo = runtime.topology
+        colocated = self.size if topo.simulated else topo.local_size
+        self.spin_waited = waited_spin_budget(colocated, _cpus())
         self.sent_by_id = {}  # cache id -> entry sent as that id
         self.resend = []  # entries the coordinator asked to have in full
         self.controller = None
@@ -152,7 +177,11 @@ class Background:
         busy = (inflight or self._final is not None or self._shutdown_wanted
                 or self.channel.progress())
         if busy:
-            if time.perf_counter() - last_progress < SPIN_TIME + SPIN_PER_TENSOR * inflight:
+            spent = time.perf_counter() - last_progress
+            if spent < SPIN_TIME + SPIN_PER_TENSOR * inflight:
+                return None
+            if inflight and spent < self.spin_waited and self.rt.handles.waiting:
+                os.sched_yield()
                 return None
             timeout = min(BACKOFF_MIN * (1 << min(sleeps, 16)), BACKOFF_MAX)
         else:

@@ -7,6 +7,7 @@ raising the operation's error if it failed.
 """
 
 import itertools
+import threading
 
 # How often a waiting thread checks on the job's health (dead peers, a
 # failed background thread) while its operation has not completed.
@@ -17,6 +18,11 @@ class HandleTable:
     def __init__(self):
         self._items = {}
         self._ids = itertools.count()
+        self._waiting_lock = threading.Lock()
+        # Threads blocked in wait() right now. While one is, its process has
+        # nothing to do but wait for the background thread, which therefore
+        # keeps polling instead of sleeping (background.py).
+        self.waiting = 0
 
     def add(self, item):
         handle = next(self._ids)
@@ -43,11 +49,18 @@ class HandleTable:
     def wait(self, handle, health_check=None):
         item = self._get(handle)
         group = item if isinstance(item, list) else [item]
-        for entry in group:
-            if not entry.wait(HEALTH_CHECK_PERIOD):
-                while not entry.wait(HEALTH_CHECK_PERIOD):
-                    if health_check is not None:
-                        health_check()
+        if not all(e.done for e in group):
+            with self._waiting_lock:
+                self.waiting += 1
+            try:
+                for entry in group:
+                    if not entry.wait(HEALTH_CHECK_PERIOD):
+                        while not entry.wait(HEALTH_CHECK_PERIOD):
+                            if health_check is not None:
+                                health_check()
+            finally:
+                with self._waiting_lock:
+                    self.waiting -= 1
         self._items.pop(handle, None)
         for entry in group:
             if entry.error is not None:

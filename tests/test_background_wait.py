@@ -1,0 +1,89 @@
+"""While a frontend thread is blocked on a result, the background thread keeps
+polling instead of sleeping (coordinator/background.py): the handle table
+counts the blocked threads, and the loop's timeout follows that count."""
+
+import threading
+import time
+import types
+
+from coordinator import background
+from coordinator.background import Background, waited_spin_budget
+from coordinator.handles import HandleTable
+from coordinator.tensor_queue import Entry
+
+
+def _wait_until(predicate, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.001)
+
+
+def test_handle_table_counts_the_threads_blocked_in_wait():
+    table = HandleTable()
+    entries = [Entry("a", 1), Entry("b", 1)]
+    handle = table.add(entries)
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(table.wait(handle)))
+    waiter.start()
+    _wait_until(lambda: table.waiting == 1)
+    entries[0].finish("x")
+    assert table.waiting == 1  # still waiting for the second entry
+    entries[1].finish("y")
+    waiter.join(10)
+    assert results == [["x", "y"]]
+    assert table.waiting == 0
+
+
+def test_waiting_for_a_completed_handle_does_not_count():
+    table = HandleTable()
+    entry = Entry("a", 1)
+    entry.finish(3)
+    seen = []
+    table.wait(table.add(entry), health_check=lambda: seen.append(table.waiting))
+    assert table.waiting == 0 and not seen
+
+
+def test_a_failed_wait_still_uncounts_itself():
+    table = HandleTable()
+    entry = Entry("a", 1)
+    entry.fail(RuntimeError("boom"))
+    try:
+        table.wait(table.add(entry))
+    except RuntimeError:
+        pass
+    assert table.waiting == 0
+
+
+def test_waited_spin_only_when_every_rank_has_a_cpu():
+    assert waited_spin_budget(2, 2) == background.SPIN_WAITED > 0
+    assert waited_spin_budget(1, 8) == background.SPIN_WAITED
+    assert waited_spin_budget(4, 2) == 0.0
+
+
+def _loop_state(inflight, waiting, spin_waited):
+    """A Background with just what `_timeout` reads."""
+    bg = Background.__new__(Background)
+    bg.queue = types.SimpleNamespace(inflight_count=lambda: inflight)
+    bg.rt = types.SimpleNamespace(handles=types.SimpleNamespace(waiting=waiting))
+    bg.channel = types.SimpleNamespace(progress=lambda: False)
+    bg.config = types.SimpleNamespace(idle_poll_interval=0.05)
+    bg.controller = None
+    bg._final = None
+    bg._shutdown_wanted = False
+    bg.spin_waited = spin_waited
+    return bg
+
+
+def test_loop_polls_while_a_thread_waits_and_sleeps_otherwise():
+    # 1 ms after the last progress: past the plain spin window, inside the
+    # waited one.
+    last = time.perf_counter() - 1e-3
+    budget = background.SPIN_WAITED
+    assert _loop_state(1, 1, budget)._timeout(3, last) is None
+    assert _loop_state(1, 0, budget)._timeout(3, last) > 0  # nobody waits: back off
+    assert _loop_state(1, 1, 0.0)._timeout(3, last) > 0  # oversubscribed: back off
+    assert _loop_state(0, 1, budget)._timeout(3, last) == 0.05  # nothing in flight: idle
+    # Past the waited window the loop backs off again, waiter or not.
+    long_ago = time.perf_counter() - 2 * budget
+    assert _loop_state(1, 1, budget)._timeout(3, long_ago) > 0
