@@ -42,13 +42,28 @@ def test_gradient_tape_digits_example_learns_and_ranks_agree():
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_compare_overhead_times_all_three_configurations():
+def test_compare_overhead_times_all_four_configurations():
     proc = subprocess.run([sys.executable, "examples/tensorflow/compare_overhead.py",
                            "--runs", "1", "--epochs", "2"], cwd=ROOT, env=mpi_env(ENV),
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    times = re.search(r"median step time: distributed ([0-9.]+) ms  baseline ([0-9.]+) ms  "
-                      r"alone ([0-9.]+) ms", out)
-    assert times and all(float(t) > 0 for t in times.groups()), out
-    assert re.search(r"overhead of distribution .*: [+-][0-9.]+%", out), out
+    for what in ("step", "epoch"):
+        times = re.search(rf"median {what} time: distributed ([0-9.]+) ms  raw MPI ([0-9.]+) ms  "
+                          r"baseline ([0-9.]+) ms  alone ([0-9.]+) ms", out)
+        assert times and all(float(t) > 0 for t in times.groups()), out
+    assert re.search(r"overhead of distribution .*: [+-][0-9.]+% per step, [+-][0-9.]+% per "
+                     r"epoch", out), out
+    assert re.search(r"floor: raw MPI / baseline - 1: [+-][0-9.]+% per step", out), out
+
+
+@pytest.mark.mpi
+def test_keras_digits_raw_mpi_floor_trains_the_same_model_on_every_rank():
+    """The raw-MPI configuration really averages: both ranks end with the
+    same test accuracy, and it learns."""
+    proc = mpirun(["examples/tensorflow/keras_digits.py", "--raw-mpi", "--epochs", "4"], np_=2,
+                  env=ENV, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "done: 2 ranks, raw MPI" in out, out
+    assert _accuracies(out)[-1] >= 0.85, out
