@@ -94,6 +94,11 @@ def raw_mpi_optimizer(optimizer):
     return RawMPI.from_config(optimizer.get_config())
 
 
+def after_first(times):
+    """Median of `times` without the first epoch's (which includes tracing)."""
+    return np.median(times[1:]) if len(times) > 1 else times[0]
+
+
 class PrintEpoch(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         print(f"epoch {epoch + 1:3d}  loss {logs['loss']:.4f}  accuracy {logs['accuracy']:.4f}"
@@ -141,6 +146,7 @@ def main():
     x_train = x_train[rank * per_rank:(rank + 1) * per_rank]
     y_train = y_train[rank * per_rank:(rank + 1) * per_rank]
 
+    exchanging = hvd is not None or args.raw_mpi
     # Different on every rank until the broadcast (raw MPI has none: same seed).
     keras.utils.set_random_seed(0 if args.raw_mpi else rank)
     if args.model == "cnn":
@@ -156,7 +162,7 @@ def main():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
                                   keras.layers.Dense(10)])
     # The usual Horovod recipe: scale the learning rate by the number of ranks.
-    lr = args.lr * (size if hvd or args.raw_mpi else 1)
+    lr = args.lr * (size if exchanging else 1)
     optimizer = keras.optimizers.SGD(lr, momentum=0.9)
     callbacks = []
     if args.raw_mpi:
@@ -181,7 +187,7 @@ def main():
               validation_data=(x_test, y_test), verbose=0, callbacks=callbacks)
 
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
-    if hvd or args.raw_mpi:
+    if exchanging:
         # Every rank holds the same model.
         fingerprint = float(sum(np.abs(w).sum() for w in model.get_weights()))
         if hvd:
@@ -190,10 +196,8 @@ def main():
             everyone = np.array(MPI.COMM_WORLD.allgather(fingerprint))
         assert np.all(everyone == everyone[0]), f"ranks diverged: {everyone}"
     if rank == 0:
-        step = np.median(timer.per_step[1:]) if len(timer.per_step) > 1 else timer.per_step[0]
-        epoch = np.median(timer.per_epoch[1:]) if len(timer.per_epoch) > 1 else timer.per_epoch[0]
-        print(f"median step time {step * 1e3:.3f} ms")
-        print(f"median epoch time {epoch * 1e3:.1f} ms")
+        print(f"median step time {after_first(timer.per_step) * 1e3:.3f} ms")
+        print(f"median epoch time {after_first(timer.per_epoch) * 1e3:.1f} ms")
         mode = (f"{size} ranks" if hvd else f"{size} ranks, raw MPI" if args.raw_mpi
                 else "without distribution")
         print(f"done: {mode}, final test accuracy {accuracy:.4f}", flush=True)
