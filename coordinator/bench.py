@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -200,8 +201,6 @@ class Bench:
                                   ""))
 
     def case_g(self):
-        import tempfile
-
         hvd = self.hvd
         shapes = [(32, 1, 3, 3), (32,), (64, 32, 3, 3), (64,), (128, 64, 3, 3), (128,),
                   (256, 128), (256,), (10, 256), (10,)]
@@ -214,26 +213,26 @@ class Bench:
             for h in handles:
                 hvd.synchronize(h)
 
-        path = os.path.join(tempfile.gettempdir(), f"coordinator-bench-{os.getpid()}.json")
-
-        # Alternate blocks of steps with the timeline on and off.
+        # Alternate blocks of steps with the timeline on and off. The trace
+        # goes to a private directory: a predictable name in /tmp could be a
+        # link someone planted.
         reps = self.repeats * 5
         t_off, t_on = [], []
-        for _ in range(reps):
-            self._sync()
-            t0 = time.perf_counter()
-            step()
-            t_off.append(time.perf_counter() - t0)
-            hvd.start_timeline(path)
-            self._sync()
-            t0 = time.perf_counter()
-            step()
-            t_on.append(time.perf_counter() - t0)
-            hvd.stop_timeline()
+        with tempfile.TemporaryDirectory(prefix="coordinator-bench-") as scratch:
+            path = os.path.join(scratch, "timeline.json")
+            for _ in range(reps):
+                self._sync()
+                t0 = time.perf_counter()
+                step()
+                t_off.append(time.perf_counter() - t0)
+                hvd.start_timeline(path)
+                self._sync()
+                t0 = time.perf_counter()
+                step()
+                t_on.append(time.perf_counter() - t0)
+                hvd.stop_timeline()
         both = np.array([t_off, t_on])
         self.comm.Allreduce(self.MPI.IN_PLACE, both, op=self.MPI.MAX)
-        if self.rank == 0 and os.path.exists(path):
-            os.remove(path)
         off_ms, on_ms = _median_ms(list(both[0])), _median_ms(list(both[1]))
         self.rows.append(("(g) small-CNN step, timeline on vs off", off_ms, on_ms, "ms",
                           on_ms / off_ms, "report"))

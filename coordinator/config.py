@@ -75,6 +75,9 @@ class Config:
     # How often an idle background thread wakes to look for control
     # messages, liveness and stalls (seconds).
     idle_poll_interval: float = 0.05
+    # End this rank when the process that launched it (prterun/prted) dies;
+    # coordrun sets it for every rank (launcher_watch.py).
+    exit_with_launcher: bool = False
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Config":
@@ -105,4 +108,5 @@ class Config:
             local_size_override=_number(env, "COORDINATOR_SIMULATED_LOCAL_SIZE", 0, int, 0),
             idle_poll_interval=_number(env, "COORDINATOR_IDLE_POLL_SECONDS",
                                        cls.idle_poll_interval, float, 0.001),
+            exit_with_launcher=_bool(env, "COORDINATOR_EXIT_WITH_LAUNCHER", False),
         )

@@ -12,6 +12,7 @@ be tested without MPI:
 """
 
 import argparse
+import ctypes
 import dataclasses
 import importlib.metadata
 import math
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import threading
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from coordinator.launcher_watch import EXIT_WITH_LAUNCHER
 
 MIB = 1024 * 1024
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
@@ -255,6 +258,9 @@ def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
 
 
 YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
+# With no hosts given, the ranks talk through shared memory; without TCP they
+# open no listening socket (with it, each rank listened on 0.0.0.0 and ::).
+SINGLE_HOST_BTL = ("OMPI_MCA_btl", "^tcp")
 
 
 def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping[str, str],
@@ -279,6 +285,14 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
         if name in env:
             exported.setdefault(name, env[name])
 
+    def default(name, value):
+        """Exports `name`=`value` to the ranks unless the caller chose a value."""
+        if name not in exported:
+            env.setdefault(name, value)
+            exported[name] = env[name]
+
+    default(EXIT_WITH_LAUNCHER, "1")
+
     argv = [launcher.path, "-np", str(args.np)]
     if launcher.flavor == OPEN_MPI:
         argv += ["--bind-to", "none", "--map-by", "slot"]
@@ -288,11 +302,10 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
             argv += ["--host", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
         else:
             argv += ["--oversubscribe"]
+            default(*SINGLE_HOST_BTL)
         # Open MPI's blocking calls spin; a rank that waits for a peer to
         # enter a collective should yield its core to the training threads.
-        if YIELD_WHEN_IDLE not in exported:
-            env.setdefault(YIELD_WHEN_IDLE, "1")
-            exported[YIELD_WHEN_IDLE] = env[YIELD_WHEN_IDLE]
+        default(YIELD_WHEN_IDLE, "1")
         for name in exported:
             argv += ["-x", name]
         if (os.geteuid() if euid is None else euid) == 0:
@@ -447,14 +460,42 @@ def check_build_report(features: Mapping[str, bool]) -> str:
 
 # ------------------------------------------------------------------ running
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_this_process(signum):
+    """A preexec_fn that has the kernel send the child `signum` when this
+    process dies, however it dies; None where there is no prctl (not Linux).
+
+    Strictly, when the thread that started the child ends: run_launcher waits
+    for the child in that thread, so that is when this process dies."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong]
+    parent = os.getpid()
+
+    def preexec():
+        prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:  # it died before prctl took effect
+            os.kill(os.getpid(), signum)
+    return preexec
+
+
 def run_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
     """Runs mpirun, forwarding SIGINT/SIGTERM; returns its exit status
     (128 + N if it was killed by signal N).
 
     mpirun gets its own session so that a Ctrl-C reaches it once, through us,
     rather than twice (which makes Open MPI abort without cleaning up).
+    If we die (SIGKILL included), mpirun gets SIGTERM, on which it ends its
+    ranks, and they are gone within a second (measured). Ranks outlive a
+    SIGKILLed mpirun; launcher_watch covers that.
     """
-    proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+    proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
+                            preexec_fn=_die_with_this_process(signal.SIGTERM))
 
     def forward(signum, _frame):
         if proc.poll() is None:

@@ -18,6 +18,7 @@ from coordinator import log as logsetup
 from coordinator.config import Config
 from coordinator.fusion import FusionBuffers
 from coordinator.handles import HandleTable
+from coordinator.launcher_watch import EXIT_WITH_LAUNCHER, watch_launcher
 from coordinator.liveness import PeerMonitor, describe_dead, host_identity
 from coordinator.process_sets import ProcessSet, ProcessSetTable, global_process_set
 from coordinator.tensor_queue import TensorQueue
@@ -68,6 +69,8 @@ class Runtime:
         self.control_comm = base.Dup()
         self.data_comm = base.Dup()
         logsetup.set_rank(self.rank)
+        if self.config.exit_with_launcher:
+            watch_launcher({EXIT_WITH_LAUNCHER: "1"})
         self.topology = Topology.discover(base, self.config.local_size_override)
         peers = base.allgather((host_identity(), os.getpid(), socket.gethostname()))
         self.monitor = PeerMonitor(self.rank, peers)

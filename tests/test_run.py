@@ -11,9 +11,11 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
-from coordinator import run
+from coordinator import launcher_watch, run
+from coordinator.launcher_watch import EXIT_WITH_LAUNCHER
 from coordinator.run import HYDRA, OPEN_MPI, Launcher, LauncherNotFound
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,6 +71,7 @@ def test_openmpi_local_run_binds_nothing_oversubscribes_and_exports_path():
     argv, env = build("-np", "4", "python", "train.py", "--epochs", "3")
     assert argv == ["/opt/ompi/bin/mpirun", "-np", "4", "--bind-to", "none",
                     "--map-by", "slot", "--oversubscribe", "-x", "PATH",
+                    "-x", "COORDINATOR_EXIT_WITH_LAUNCHER", "-x", "OMPI_MCA_btl",
                     "-x", "OMPI_MCA_mpi_yield_when_idle", "python", "train.py", "--epochs", "3"]
     assert env["PATH"] == ENV["PATH"]
 
@@ -115,7 +118,8 @@ def test_openmpi_exports_by_name_and_puts_values_in_the_environment():
     argv, env = build("-np", "2", "--cycle-time-ms", "1", "-x", "GREETING=hi there",
                       "-x", "SECRET_TOKEN", "python", "t.py", environ=environ)
     assert exported_openmpi(argv) == ["HOROVOD_CYCLE_TIME", "GREETING", "SECRET_TOKEN",
-                                      "PYTHONPATH", "PATH", "OMPI_MCA_mpi_yield_when_idle"]
+                                      "PYTHONPATH", "PATH", "COORDINATOR_EXIT_WITH_LAUNCHER",
+                                      "OMPI_MCA_btl", "OMPI_MCA_mpi_yield_when_idle"]
     assert "hi there" not in argv and "s3" not in argv
     assert env["GREETING"] == "hi there" and env["SECRET_TOKEN"] == "s3"
     assert environ == dict(ENV, PYTHONPATH="/src", SECRET_TOKEN="s3")  # not modified
@@ -128,10 +132,38 @@ def test_hydra_exports_with_genv_and_takes_no_openmpi_flags():
     assert argv[:3] == ["/opt/mpich/bin/mpiexec", "-np", "3"]
     assert exported_hydra(argv) == {"HOROVOD_FUSION_THRESHOLD": "4194304",
                                     "GREETING": "hi", "PYTHONPATH": "/src",
-                                    "PATH": ENV["PATH"]}
+                                    "PATH": ENV["PATH"], "COORDINATOR_EXIT_WITH_LAUNCHER": "1"}
     for openmpi_only in ("-x", "--bind-to", "--map-by", "--oversubscribe"):
         assert openmpi_only not in argv
     assert argv[-2:] == ["python", "t.py"]
+
+
+def test_single_host_open_mpi_ranks_use_no_tcp_unless_told_otherwise():
+    argv, env = build("-np", "2", "python", "t.py")
+    assert env["OMPI_MCA_btl"] == "^tcp" and "OMPI_MCA_btl" in exported_openmpi(argv)
+    _, env = build("-np", "2", "python", "t.py", environ=dict(ENV, OMPI_MCA_btl="self,tcp"))
+    assert env["OMPI_MCA_btl"] == "self,tcp"
+    _, env = build("-np", "2", "-x", "OMPI_MCA_btl=self,sm,tcp", "python", "t.py")
+    assert env["OMPI_MCA_btl"] == "self,sm,tcp"
+
+
+def test_hosts_given_keep_open_mpi_transports_as_they_are(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\n")
+    for where in (["-H", "node1:2,node2:2"], ["--hostfile", str(hostfile)]):
+        argv, env = build(*where, "python", "t.py")
+        assert "OMPI_MCA_btl" not in env and "OMPI_MCA_btl" not in exported_openmpi(argv)
+    argv, _ = build("-np", "2", "python", "t.py", launcher=MPICH)
+    assert "OMPI_MCA_btl" not in exported_hydra(argv)
+
+
+def test_every_rank_is_told_to_end_with_its_launcher_unless_told_otherwise():
+    argv, env = build("-np", "2", "python", "t.py")
+    assert env[EXIT_WITH_LAUNCHER] == "1" and EXIT_WITH_LAUNCHER in exported_openmpi(argv)
+    argv, _ = build("-np", "2", "python", "t.py", launcher=MPICH)
+    assert exported_hydra(argv)[EXIT_WITH_LAUNCHER] == "1"
+    _, env = build("-np", "2", "-x", f"{EXIT_WITH_LAUNCHER}=0", "python", "t.py")
+    assert env[EXIT_WITH_LAUNCHER] == "0"
 
 
 def test_dash_x_of_an_unset_variable_names_it():
@@ -535,3 +567,158 @@ def test_open_mpi_ranks_yield_while_waiting_unless_told_otherwise():
     _, env = build("-np", "2", "python", "t.py",
                    environ=dict(ENV, OMPI_MCA_mpi_yield_when_idle="0"))
     assert env["OMPI_MCA_mpi_yield_when_idle"] == "0"
+
+
+# ------------------------------------------ nothing outlives its launcher
+
+SLEEPER = """\
+import os, sys, time
+from mpi4py import MPI
+if sys.argv[2] == "watch":
+    from coordinator.launcher_watch import watch_launcher
+    watch_launcher()
+path = os.path.join(sys.argv[1], f"rank{MPI.COMM_WORLD.rank}.pid")
+with open(path + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(path + ".tmp", path)
+time.sleep(300)
+"""
+
+
+def running(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def survivors(pids, within=30):
+    """The pids still running after up to `within` seconds (measured: gone in 1 s)."""
+    deadline = time.monotonic() + within
+    while [p for p in pids if running(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if running(p)]
+
+
+def wait_for_pid_files(paths, proc):
+    """The pids the started processes wrote to `paths`, once all are there."""
+    deadline = time.monotonic() + TIMEOUT
+    while not all(map(os.path.exists, paths)):
+        assert proc.poll() is None, f"{proc.args[:3]} exited with {proc.returncode}"
+        assert time.monotonic() < deadline, "the processes did not start"
+        time.sleep(0.1)
+    return [int(open(p).read()) for p in paths]
+
+
+@pytest.fixture
+def sleeping_job(tmp_path):
+    """Starts `coordrun -np 2` of ranks that sleep (and watch their launcher
+    if asked); returns (coordrun, rank pids, pids of everything it started).
+    Whatever is left afterwards is killed."""
+    started = []
+
+    def start(watch=False):
+        with open(tmp_path / "coordrun.log", "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "coordinator.run", "-np", "2", sys.executable, "-c",
+                 SLEEPER, str(tmp_path), "watch" if watch else "-"],
+                env=coordrun_env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        started.append(proc)
+        ranks = wait_for_pid_files([str(tmp_path / f"rank{r}.pid") for r in (0, 1)], proc)
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        started.extend(tree)
+        return proc, ranks, tree
+
+    yield start
+    for item in started:
+        if isinstance(item, subprocess.Popen):
+            item.kill()
+            item.wait()
+        elif running(item):
+            os.kill(item, signal.SIGKILL)
+
+
+def process_names(pids):
+    return sorted(psutil.Process(p).name() for p in pids if running(p))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT],
+                         ids=["SIGKILL", "SIGTERM", "SIGINT"])
+def test_killing_coordrun_leaves_no_launcher_or_rank_behind(sleeping_job, signum):
+    proc, ranks, tree = sleeping_job()
+    assert set(ranks) < set(tree) and "prterun" in process_names(tree), process_names(tree)
+    proc.send_signal(signum)
+    proc.wait(timeout=60)
+    assert survivors(tree) == []
+
+
+@pytest.mark.mpi
+def test_ranks_that_watch_their_launcher_end_when_prterun_is_sigkilled(sleeping_job):
+    # Unwatched ranks were measured to sleep on for good after this.
+    _, ranks, tree = sleeping_job(watch=True)
+    prterun = [p for p in tree if p not in ranks]
+    assert process_names(prterun) == ["prterun"]
+    os.kill(prterun[0], signal.SIGKILL)
+    assert survivors(ranks) == []
+
+
+@pytest.mark.mpi
+def test_single_host_ranks_listen_on_no_tcp_port(sleeping_job):
+    _, ranks, _ = sleeping_job()
+    listening = [(pid, c.laddr) for pid in ranks
+                 for c in psutil.Process(pid).net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert listening == []
+
+
+WATCHED_CHILD = """\
+import os, signal, sys, time
+from coordinator import launcher_watch
+launcher_watch.GRACE = 0.5
+if sys.argv[2] == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print(launcher_watch.watch_launcher(), launcher_watch.watch_launcher(), flush=True)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(300)
+"""
+
+PARENT = """\
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2], sys.argv[3]],
+                         stdout=open(sys.argv[4], "w"), stderr=subprocess.STDOUT)
+time.sleep(300)
+"""
+
+
+def test_watch_launcher_does_nothing_unless_coordrun_asked_for_it():
+    assert launcher_watch.watch_launcher({}) is None
+    assert launcher_watch.watch_launcher({EXIT_WITH_LAUNCHER: "0"}) is None
+
+
+@pytest.mark.parametrize("kind", ["obedient", "stubborn"])
+def test_a_watching_process_ends_when_its_parent_is_sigkilled(tmp_path, kind):
+    """`stubborn` ignores SIGTERM, so the SIGKILL after GRACE ends it."""
+    pid_file, out = str(tmp_path / "child.pid"), str(tmp_path / "child.out")
+    env = dict(os.environ, **{EXIT_WITH_LAUNCHER: "1"})
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, WATCHED_CHILD, pid_file, kind,
+                               out], env=env, cwd=ROOT)
+    child = None
+    try:
+        [child] = wait_for_pid_files([pid_file], parent)
+        with open(out) as f:
+            assert f.readline().split() == [str(parent.pid)] * 2  # watched once
+        parent.kill()
+        parent.wait()
+        assert survivors([child]) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        if child is not None and running(child):
+            os.kill(child, signal.SIGKILL)
+    with open(out) as f:
+        said = f.read()
+    assert "the process that started this rank (" in said
+    assert f"pid {parent.pid}) exited; ending this rank" in said

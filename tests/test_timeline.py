@@ -1,12 +1,18 @@
 """The timeline: a valid Chrome trace (even after SIGKILL), Horovod's
 activities, every rank's submit time, and a report that names who was late."""
 
+import errno
 import json
+import os
+import stat
 import subprocess
 import sys
+import tempfile
+import types
 
 import pytest
 
+from coordinator.timeline import Timeline
 from coordinator.timeline.report import analyse, iter_events
 from mpi_harness import ROOT, mpirun
 
@@ -143,3 +149,60 @@ def test_report_reads_a_trace_cut_mid_line(tmp_path):
     assert len(list(iter_events(str(path)))) == 5
     report = analyse(str(path))
     assert report.top_stalls()[0]["late"] == [1]
+
+
+def test_a_symlink_at_the_timeline_path_is_refused_not_followed(tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    link = tmp_path / "timeline.json"
+    link.symlink_to(precious)
+    with pytest.raises(OSError, match="is a symbolic link, which is not followed") as exc:
+        Timeline().start(str(link))
+    assert exc.value.errno == errno.ELOOP and exc.value.filename == str(link)
+    assert precious.read_text() == "keep me"
+
+
+def test_a_regular_file_at_the_timeline_path_is_replaced(tmp_path):
+    path = tmp_path / "timeline.json"
+    path.write_text("an old trace, longer than the new one " * 100)
+    timeline = Timeline()
+    timeline.start(str(path))
+    timeline.stop()
+    assert json.loads(path.read_text()) == []
+
+
+class _BenchHvd:
+    """Just enough of `coordinator` for bench case (g); records where the
+    timeline went and who could read that directory."""
+
+    def __init__(self):
+        self.timelines = []
+
+    def allreduce_async(self, tensor, name, output):
+        return name
+
+    def synchronize(self, handle):
+        pass
+
+    def start_timeline(self, path):
+        mode = stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)
+        self.timelines.append((path, mode))
+
+    def stop_timeline(self):
+        pass
+
+
+def test_bench_writes_its_timeline_in_a_private_directory_and_removes_it():
+    from coordinator import bench
+
+    case = bench.Bench.__new__(bench.Bench)
+    case.hvd, case.repeats, case.rank, case.rows = _BenchHvd(), 1, 0, []
+    case.MPI = types.SimpleNamespace(IN_PLACE=None, MAX=None)
+    case.comm = types.SimpleNamespace(Barrier=lambda: None,
+                                      Allreduce=lambda *args, **kwargs: None)
+    case.case_g()
+    paths = {path for path, _ in case.hvd.timelines}
+    assert len(paths) == 1 and {mode for _, mode in case.hvd.timelines} == {0o700}
+    scratch = os.path.dirname(paths.pop())
+    assert scratch != tempfile.gettempdir() and not os.path.exists(scratch)
+    assert case.rows[0][0] == "(g) small-CNN step, timeline on vs off"

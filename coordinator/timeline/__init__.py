@@ -21,6 +21,7 @@ multi-GB traces.
 """
 
 import collections
+import errno
 import json
 import os
 import threading
@@ -31,12 +32,25 @@ from coordinator.ops_names import op_name
 FLUSH_PERIOD = 0.1
 
 
+def _create(path):
+    """Opens `path` for writing, truncated. A symbolic link there is refused:
+    following it would let whoever planted it (say in /tmp) have rank 0
+    truncate any file rank 0 may write."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise OSError(errno.ELOOP, "the timeline path is a symbolic link, which is not "
+                      "followed; remove it or choose another path", path) from None
+
+
 class TimelineWriter:
     """Owns the file and the writer thread."""
 
     def __init__(self, path):
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd = _create(path)
         self._pos = 0
         self._first = True
         self._queue = collections.deque()
