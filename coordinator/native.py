@@ -9,9 +9,20 @@ slower than its float32 one, and it has no bfloat16. Without the extension
 arithmetic, and 16-bit tensors are reduced in float32 instead, which is
 faster than a Python callback.
 
+`native/minmax.c` reduces float32 and float64 Min and Max so that NaN
+propagates, as np.minimum and np.maximum do: Open MPI's MPI_MIN and MPI_MAX
+compare with `<` and `>` and keep or drop a NaN depending on the order they
+combine the ranks in. The result is the same whatever that order: a NaN in
+either operand gives the default quiet NaN, and -0.0 counts below +0.0 (IEEE
+754-2019 minimum/maximum). The 16-bit kernels follow the same rule. Without
+the extension, the NumPy reference runs in the same MPI user-defined
+operation; integer Min and Max keep MPI's built-in ops.
+
 `reduction(info, reduce_op)` tells a backend which dtype to reduce in and
 which MPI datatype and op to use.
 """
+
+from functools import partial
 
 import numpy as np
 
@@ -22,16 +33,43 @@ try:
     from coordinator import _native_halfops as halfops
 except ImportError:  # built without a C compiler
     halfops = None
+try:
+    from coordinator import _native_minmax as minmax
+except ImportError:  # built without a C compiler
+    minmax = None
 
 OP_CODES = {pb.SUM: 0, pb.AVERAGE: 0, pb.MIN: 1, pb.MAX: 2, pb.PRODUCT: 3}
 KINDS = {np.dtype(np.float16): 0}
 if dtypes.BFLOAT16 is not None:
     KINDS[dtypes.BFLOAT16] = 1
 _KIND_DTYPES = {code: dt for dt, code in KINDS.items()}
-_COMBINE = {0: np.add, 1: np.minimum, 2: np.maximum, 3: np.multiply}
+MINMAX_CODES = {pb.MIN: 1, pb.MAX: 2}
+MINMAX_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
+_MINMAX_DTYPES = {code: dt for dt, code in MINMAX_KINDS.items()}
+_BITS = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
 
 
 # ---- NumPy references -----------------------------------------------------------
+def _min_or_max(op, a, b, out=None):
+    """np.minimum / np.maximum (op 1 / 2) made independent of operand order:
+    NaN gives the default quiet NaN, and -0.0 counts below +0.0. For ordered
+    operands both argument orders give the same value except for a pair of
+    zeros, where the bits OR to -0.0 (min) and AND to +0.0 (max). `out` may
+    be `b`."""
+    ufunc, combine = (np.minimum, np.bitwise_or) if op == 1 else (np.maximum, np.bitwise_and)
+    swapped = ufunc(b, a)
+    out = ufunc(a, b, out=out)
+    nan = np.isnan(out)
+    bits = _BITS[out.dtype]
+    combine(out.view(bits), swapped.view(bits), out=out.view(bits))
+    np.copyto(out, np.nan, where=nan)
+    return out
+
+
+_COMBINE = {0: np.add, 1: partial(_min_or_max, 1), 2: partial(_min_or_max, 2),
+            3: np.multiply}
+
+
 def reduce_reference(op, kind, invec, inoutvec):
     """inoutvec = invec (op) inoutvec, computed in float32, rounded back."""
     dt = _KIND_DTYPES[kind]
@@ -39,6 +77,15 @@ def reduce_reference(op, kind, invec, inoutvec):
     out = np.frombuffer(inoutvec, dt)
     with np.errstate(over="ignore", invalid="ignore"):
         out[...] = _COMBINE[op](a, out.astype(np.float32)).astype(dt)
+
+
+def minmax_reference(op, kind, invec, inoutvec):
+    """inoutvec = min (op 1) or max (op 2) of invec and inoutvec, float32
+    (kind 0) or float64 (kind 1), as native/minmax.c computes it."""
+    dt = _MINMAX_DTYPES[kind]
+    out = np.frombuffer(inoutvec, dt)
+    with np.errstate(invalid="ignore"):
+        _min_or_max(op, np.frombuffer(invec, dt), out, out=out)
 
 
 def scale_reference(kind, buf, factor):
@@ -61,14 +108,15 @@ def scale16(arr, factor):
 _user_ops = {}
 
 
-def _user_op(op_code, kind):
+def _user_op(reduce, op_code, kind):
+    """One MPI user-defined op per (kernel, op, kind), created on first use.
+    mpi4py calls `fn` once per chunk MPI reduces (see README, Native kernels,
+    for what that costs against a built-in op)."""
     from mpi4py import MPI
 
-    key = (op_code, kind)
+    key = (reduce, op_code, kind)
     op = _user_ops.get(key)
     if op is None:
-        reduce = halfops.reduce
-
         def fn(invec, inoutvec, datatype):
             reduce(op_code, kind, invec, inoutvec)
 
@@ -81,10 +129,15 @@ def reduction(info, reduce_op):
     from mpi4py import MPI
 
     if info.dtype in KINDS and halfops is not None and reduce_op in OP_CODES:
-        return info.dtype, MPI.UINT16_T, _user_op(OP_CODES[reduce_op], KINDS[info.dtype])
+        return info.dtype, MPI.UINT16_T, _user_op(halfops.reduce, OP_CODES[reduce_op],
+                                                  KINDS[info.dtype])
     rdtype = info.reduce_dtype
     if info.dtype == np.float16:  # no native kernel: float32 beats MPI's float16
         rdtype = np.dtype(np.float32)
+    if reduce_op in MINMAX_CODES and rdtype in MINMAX_KINDS:
+        reduce = minmax.reduce if minmax is not None else minmax_reference
+        return rdtype, dtypes.mpi_datatype(rdtype), _user_op(
+            reduce, MINMAX_CODES[reduce_op], MINMAX_KINDS[rdtype])
     mpi_op = {pb.SUM: MPI.SUM, pb.AVERAGE: MPI.SUM, pb.MIN: MPI.MIN, pb.MAX: MPI.MAX,
               pb.PRODUCT: MPI.PROD}[reduce_op]
     return rdtype, dtypes.mpi_datatype(rdtype), mpi_op

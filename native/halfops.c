@@ -77,10 +77,19 @@ static inline uint16_t f32_to_f16_scalar(float f) {
 
 /* ---- vector loops -------------------------------------------------------- */
 
+/* Min and max follow native/minmax.c: a NaN in either operand gives the
+ * default quiet NaN, and -0 counts below +0, so the result does not depend on
+ * the order MPI combines the ranks in. */
+static inline float min_or_max(int op, float a, float b) {
+    if (isnan(a) || isnan(b)) return u32_as_f32(0x7fc00000u);
+    uint32_t x = f32_as_u32(op == OP_MIN ? (a < b ? a : b) : (a > b ? a : b));
+    uint32_t y = f32_as_u32(op == OP_MIN ? (b < a ? b : a) : (b > a ? b : a));
+    return u32_as_f32(op == OP_MIN ? (x | y) : (x & y));
+}
+
 static inline float combine(int op, float a, float b) {
     switch (op) {
-    case OP_MIN: return (a < b || isnan(a)) ? a : b;
-    case OP_MAX: return (a > b || isnan(a)) ? a : b;
+    case OP_MIN: case OP_MAX: return min_or_max(op, a, b);
     case OP_PROD: return a * b;
     default: return a + b;
     }

@@ -5,8 +5,10 @@ import pytest
 
 from coordinator import native
 
-pytestmark = pytest.mark.skipif(native.halfops is None,
-                                reason="native kernels not built (no C compiler at install)")
+needs_halfops = pytest.mark.skipif(native.halfops is None,
+                                   reason="native kernels not built (no C compiler at install)")
+needs_minmax = pytest.mark.skipif(native.minmax is None,
+                                  reason="native kernels not built (no C compiler at install)")
 
 KINDS = sorted(native.KINDS.items(), key=lambda kv: kv[1])
 
@@ -27,6 +29,7 @@ def _same(a, b):
         np.isnan(a32), np.isnan(b32))
 
 
+@needs_halfops
 @pytest.mark.parametrize("op", [0, 1, 2, 3], ids=["sum", "min", "max", "prod"])
 @pytest.mark.parametrize("dtype,kind", KINDS, ids=lambda v: str(v))
 def test_reduce_matches_numpy_reference(dtype, kind, op):
@@ -40,6 +43,7 @@ def test_reduce_matches_numpy_reference(dtype, kind, op):
         assert _same(out, ref), (n, np.nonzero(out.astype(np.float32) != ref.astype(np.float32)))
 
 
+@needs_halfops
 @pytest.mark.parametrize("dtype,kind", KINDS, ids=lambda v: str(v))
 @pytest.mark.parametrize("factor", [0.5, 1 / 3, 3.0, 1e-4])
 def test_scale_matches_numpy_reference(dtype, kind, factor):
@@ -51,8 +55,129 @@ def test_scale_matches_numpy_reference(dtype, kind, factor):
     assert _same(out, ref)
 
 
+@needs_halfops
 def test_reduce_rejects_mismatched_buffers():
     with pytest.raises(ValueError, match="equal, even sizes"):
         native.halfops.reduce(0, 0, np.zeros(3, np.float16), np.zeros(4, np.float16))
     with pytest.raises(ValueError, match="unknown reduce op"):
         native.halfops.reduce(9, 0, np.zeros(3, np.float16), np.zeros(3, np.float16))
+
+
+# ---- float32/float64 Min and Max (native/minmax.c) ------------------------------
+MINMAX = sorted(native.MINMAX_KINDS.items(), key=lambda kv: kv[1])
+UINT = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
+QUIET_NAN = {np.dtype(np.float32): 0x7fc00000, np.dtype(np.float64): 0x7ff8000000000000}
+
+
+def _specials(dtype):
+    """Zeros of both signs, infinities, NaNs (negative, signalling, with a
+    payload), the extremes and subnormals."""
+    dtype = np.dtype(dtype)
+    info = np.finfo(dtype)
+    vals = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0, info.max,
+                     -info.max, info.tiny, info.smallest_subnormal,
+                     -info.smallest_subnormal], dtype)
+    u = UINT[dtype]
+    inf, sign = np.array(np.inf, dtype).view(u), ~(~u(0) >> u(1))
+    nans = np.array([inf | u(1), inf | sign | u(5)], u).view(dtype)  # signalling, payloads
+    return np.concatenate([vals, nans])
+
+
+def _pairs(dtype, n=None):
+    """Every pair of specials, then random values with ties; n elements if given."""
+    sp = _specials(dtype)
+    a, b = np.repeat(sp, len(sp)), np.tile(sp, len(sp))
+    rng = np.random.default_rng(0)
+    ra = rng.integers(-3, 4, 5000).astype(dtype) * rng.choice([1e-40, 1, 1e30], 5000)
+    rb = np.where(rng.random(5000) < 0.3, ra, rng.integers(-3, 4, 5000)).astype(dtype)
+    with np.errstate(over="ignore"):
+        a, b = np.concatenate([a, ra.astype(dtype)]), np.concatenate([b, rb.astype(dtype)])
+    if n is not None:
+        a, b = np.resize(a, n), np.resize(b, n)
+    return a, b
+
+
+def _minmax(fn, op, kind, a, b):
+    out = b.copy()
+    fn(op, kind, a, out)
+    return out
+
+
+def _bits(x):
+    return x.view(UINT[x.dtype])
+
+
+@pytest.mark.parametrize("op", [1, 2], ids=["min", "max"])
+@pytest.mark.parametrize("dtype,kind", MINMAX, ids=lambda v: str(v))
+def test_minmax_reference_is_numpy_with_zero_sign_and_nan_fixed(dtype, kind, op):
+    """Equal to np.minimum/np.maximum (NaN wherever either operand is NaN),
+    except that the result's bits do not depend on the order of the operands:
+    NaN is the default quiet NaN, min(-0, +0) = -0 and max(-0, +0) = +0."""
+    a, b = _pairs(dtype)
+    out = _minmax(native.minmax_reference, op, kind, a, b)
+    np.testing.assert_array_equal(out, (np.minimum if op == 1 else np.maximum)(a, b))
+    nan = np.isnan(a) | np.isnan(b)
+    assert np.all(_bits(out)[nan] == QUIET_NAN[np.dtype(dtype)])
+    zeros = (a == 0) & (b == 0)
+    sign = np.signbit(a) | np.signbit(b) if op == 1 else np.signbit(a) & np.signbit(b)
+    assert np.array_equal(np.signbit(out[zeros]), sign[zeros])
+    assert np.array_equal(_bits(out), _bits(_minmax(native.minmax_reference, op, kind, b, a)))
+
+
+@needs_minmax
+@pytest.mark.parametrize("op", [1, 2], ids=["min", "max"])
+@pytest.mark.parametrize("dtype,kind", MINMAX, ids=lambda v: str(v))
+def test_minmax_matches_numpy_reference_bit_for_bit(dtype, kind, op):
+    for n in (1, 3, 4, 5, 7, 8, 9, 1000, 4099, None):  # vector loops and their tails
+        a, b = _pairs(dtype, n)
+        out = _minmax(native.minmax.reduce, op, kind, a, b)
+        ref = _minmax(native.minmax_reference, op, kind, a, b)
+        diff = np.nonzero(_bits(out) != _bits(ref))[0]
+        assert diff.size == 0, (n, a[diff[:5]], b[diff[:5]], out[diff[:5]], ref[diff[:5]])
+
+
+@needs_minmax
+def test_minmax_examples_from_the_issue():
+    for dtype, kind in MINMAX:
+        for op, want in ((1, -0.0), (2, 0.0)):
+            for a, b in ((-0.0, 0.0), (0.0, -0.0)):
+                out = _minmax(native.minmax.reduce, op, kind, np.full(9, a, dtype),
+                              np.full(9, b, dtype))
+                assert np.all(out == 0) and np.all(np.signbit(out) == np.signbit(want))
+        # Min of {1, NaN, 3}, combined in either order, is NaN.
+        for first, second in (([1.0], [np.nan]), ([np.nan], [3.0])):
+            acc = np.resize(np.array(first, dtype), 9)
+            acc = _minmax(native.minmax.reduce, 1, kind, np.resize(np.array(second, dtype), 9),
+                          acc)
+            acc = _minmax(native.minmax.reduce, 1, kind, np.full(9, 3.0, dtype), acc)
+            assert np.all(np.isnan(acc))
+
+
+@needs_minmax
+def test_minmax_rejects_bad_arguments():
+    f = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="need equal sizes"):
+        native.minmax.reduce(1, 0, f, np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="multiples of 8"):
+        native.minmax.reduce(1, 1, f, np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="unknown min/max op"):
+        native.minmax.reduce(0, 0, f, f.copy())
+    with pytest.raises(ValueError, match="unknown float kind"):
+        native.minmax.reduce(1, 2, f, f.copy())
+
+
+@needs_halfops
+@pytest.mark.parametrize("op", [1, 2], ids=["min", "max"])
+@pytest.mark.parametrize("dtype,kind", KINDS, ids=lambda v: str(v))
+def test_half_min_max_bits_do_not_depend_on_operand_order(dtype, kind, op):
+    """The 16-bit kernels follow the float32/float64 rule for zeros and NaN."""
+    a = _values(dtype, 4099, seed=5)
+    b = _values(dtype, 4099, seed=6)[::-1].copy()
+    a[:4], b[:4] = np.array([-0.0, 0.0, np.nan, 1.0], dtype), np.array([0.0, -0.0, 2.0, -np.nan],
+                                                                       dtype)
+    ab, ba = _minmax(native.halfops.reduce, op, kind, a, b), _minmax(native.halfops.reduce, op,
+                                                                     kind, b, a)
+    assert np.array_equal(ab.view(np.uint16), ba.view(np.uint16))
+    ref = _minmax(native.reduce_reference, op, kind, a, b)
+    assert np.array_equal(ab.view(np.uint16), ref.view(np.uint16))
+    assert list(np.signbit(ab[:2].astype(np.float32))) == [op == 1] * 2
