@@ -9,9 +9,11 @@ from mpi_harness import CaseResults, case_names, mpirun
 
 OPS = "tests/mpi/torch_ops_cases.py"
 TRAINING = "tests/mpi/torch_training_cases.py"
+STATE = "tests/mpi/torch_state_cases.py"
 ENV = {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30", "OMP_NUM_THREADS": "1"}
 OPS_RESULTS = CaseResults(OPS, env=ENV)
 TRAINING_RESULTS = CaseResults(TRAINING, env=ENV)
+STATE_RESULTS = CaseResults(STATE, env=ENV)
 
 
 @pytest.mark.mpi
@@ -26,6 +28,13 @@ def test_torch_ops(case, np_):
 @pytest.mark.parametrize("case", case_names(TRAINING))
 def test_torch_training(case, np_):
     TRAINING_RESULTS.check(case, np_)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", case_names(STATE))
+def test_torch_optimizer_state(case, np_):
+    STATE_RESULTS.check(case, np_)
 
 
 @pytest.mark.mpi

@@ -98,6 +98,12 @@ class _HookedOptimizer:
             raise AssertionError(_ZERO_GRAD_RACE)
         return super().zero_grad(*args, **kwargs)
 
+    def _local_step(self):
+        """The wrapped optimizer's own step, with no reduction (the step
+        broadcast_optimizer_state takes to create a fresh state, which only
+        some ranks may take)."""
+        return super(_HookedOptimizer, self).step()
+
     def load_state_dict(self, *args, **kwargs):
         self._handles = {}
         self._synchronized = False

@@ -461,8 +461,9 @@ def case_broadcast_optimizer_state_of_a_wrapped_fresh_optimizer(_core):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1 * (hvd.rank() + 1)),
                                    named_parameters=model.named_parameters())
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    assert opt.param_groups[0]["lr"] == 0.1
-    assert len(opt.state_dict()["state"]) == 0  # nothing invented, nothing touched
+    assert opt.param_groups[0]["lr"] == 0.1  # sent although plain SGD keeps no state
+    assert len(opt.state_dict()["state"]) == 0
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
     for step in range(2):
         opt.zero_grad()
         x, y = batch(hvd.rank(), step)
