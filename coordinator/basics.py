@@ -30,7 +30,7 @@ def ensure_initialized(comm=None, process_sets=None):
     added (collectively, as add_process_set does)."""
     with runtime._lock:
         rt = runtime.current()
-        if rt is None:
+        if rt is None or not rt.background.thread.is_alive():
             init(comm, process_sets)
             return runtime.current()
     if process_sets == "dynamic":
@@ -50,7 +50,11 @@ def shutdown():
 
 
 def is_initialized():
-    return runtime.current() is not None
+    """True while the coordinator runs: False before init(), after
+    shutdown(), and once any rank has shut it down or it cannot go on (a
+    dead or stalled peer)."""
+    rt = runtime.current()
+    return rt is not None and rt.alive
 
 
 def _rt(what):

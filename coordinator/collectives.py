@@ -4,7 +4,14 @@ Every operation has one asynchronous implementation that validates its input
 on the calling rank, turns it into an `Entry` and queues it for the
 background thread, returning an int handle at once. The blocking variant is
 generated from it (`_blocking`): submit, then `synchronize`.
+
+Input this rank refuses (a bad root, bad splits, an unsupported dtype, ...)
+raises ValueError here, and the refusal goes to the coordinator too, so the
+other ranks' copies of the operation fail at once, naming this rank and its
+reason, instead of waiting for it forever.
 """
+
+import contextlib
 
 import functools
 import itertools
@@ -56,7 +63,26 @@ def _name(prefix, name):
         return f"{prefix}.noname.{next(_names['counter'])}"
     if not isinstance(name, str) or not name:
         raise ValueError(f"{prefix}: name must be a non-empty string, got {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{prefix}: name {name!r} cannot be encoded as UTF-8 "
+                         f"({exc.reason} at position {exc.start}); names travel to the other "
+                         "ranks as UTF-8 text") from None
     return name
+
+
+@contextlib.contextmanager
+def _refusal(rt, name, op, ps, group_size=0):
+    """Input errors raised inside go to the caller as they are, and to the
+    coordinator as this rank's refusal of the operation (see module doc)."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        rt.queue.tell(Entry(name, op, process_set_id=ps.process_set_id,
+                            group=name if group_size else "", group_size=group_size,
+                            rejected=f"{type(exc).__name__}: {exc}"))
+        raise
 
 
 def _process_set(process_set, rt, what):
@@ -139,10 +165,10 @@ def _scale(value, label, what):
 
 
 def _submit(rt, entries, group=False):
-    """Queue entries and return one handle: for the entry, or for the list of
-    a grouped operation's entries."""
-    for entry in entries:
-        rt.queue.push(entry)
+    """Queue entries (together) and return one handle: for the entry, or for
+    the list of a grouped operation's entries."""
+    if entries:
+        rt.queue.push_all(entries)
     return rt.handles.add(list(entries) if group else entries[0])
 
 
@@ -182,10 +208,12 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     With `output`, the result is written there (pass the tensor for in place)."""
     name = _name("allreduce", name)
     rt = _runtime_for(_label("allreduce", name))
-    op = _reduce_op(op, average, _label("allreduce", name))
     ps = _process_set(process_set, rt, _label("allreduce", name))
-    return _submit(rt, [_allreduce_entry(rt, tensor, name, op, prescale_factor,
-                                         postscale_factor, ps, output)])
+    with _refusal(rt, name, pb.ALLREDUCE, ps):
+        op = _reduce_op(op, average, _label("allreduce", name))
+        entry = _allreduce_entry(rt, tensor, name, op, prescale_factor, postscale_factor, ps,
+                                 output)
+    return _submit(rt, [entry])
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -196,14 +224,25 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     tensors = list(tensors)
     base = _name("grouped_allreduce", name)
     rt = _runtime_for(_label("grouped_allreduce", base))
-    op = _reduce_op(op, average, _label("grouped_allreduce", base))
     ps = _process_set(process_set, rt, _label("grouped_allreduce", base))
-    outputs = list(outputs) if outputs is not None else [None] * len(tensors)
     n = len(tensors)
-    entries = [_allreduce_entry(rt, t, f"{base}_{i + 1}of{n}", op, prescale_factor,
-                                postscale_factor, ps, o, group=base, group_size=n)
-               for i, (t, o) in enumerate(zip(tensors, outputs))]
+    with _refusal(rt, base, pb.ALLREDUCE, ps, n):
+        op = _reduce_op(op, average, _label("grouped_allreduce", base))
+        outputs = list(outputs) if outputs is not None else [None] * n
+        if len(outputs) != n:
+            raise ValueError(f"grouped_allreduce '{base}': {len(outputs)} outputs for {n} "
+                             "tensors")
+        entries = [_allreduce_entry(rt, t, _member(base, i, n), op, prescale_factor,
+                                    postscale_factor, ps, o, group=base, group_size=n)
+                   for i, (t, o) in enumerate(zip(tensors, outputs))]
     return _submit(rt, entries, group=True)
+
+
+def _member(base, i, n):
+    """The name of a grouped operation's i-th of n tensors (Horovod's). Ranks
+    that disagree on n still meet: the coordinator tracks the group by its
+    base name and reports the mismatch."""
+    return f"{base}_{i + 1}of{n}"
 
 
 # ----------------------------------------------------------------- allgather
@@ -223,7 +262,9 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     name = _name("allgather", name)
     rt = _runtime_for(_label("allgather", name))
     ps = _process_set(process_set, rt, _label("allgather", name))
-    return _submit(rt, [_allgather_entry(tensor, name, ps)])
+    with _refusal(rt, name, pb.ALLGATHER, ps):
+        entry = _allgather_entry(tensor, name, ps)
+    return _submit(rt, [entry])
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -233,8 +274,10 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     rt = _runtime_for(_label("grouped_allgather", base))
     ps = _process_set(process_set, rt, _label("grouped_allgather", base))
     n = len(tensors)
-    return _submit(rt, [_allgather_entry(t, f"{base}_{i + 1}of{n}", ps, base, n)
-                        for i, t in enumerate(tensors)], group=True)
+    with _refusal(rt, base, pb.ALLGATHER, ps, n):
+        entries = [_allgather_entry(t, _member(base, i, n), ps, base, n)
+                   for i, t in enumerate(tensors)]
+    return _submit(rt, entries, group=True)
 
 
 # ----------------------------------------------------------------- broadcast
@@ -246,13 +289,15 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     what = _label("broadcast", name)
     rt = _runtime_for(what)
     ps = _process_set(process_set, rt, what)
-    if not isinstance(root_rank, numbers.Integral) or root_rank not in ps.ranks:
-        raise ValueError(f"{what}: invalid root rank {root_rank!r} for process set "
-                         f"{ps.ranks}")
-    arr, info = _array(tensor, what, reducible=False)
-    return _submit(rt, [Entry(name, pb.BROADCAST, tensor=arr, output=_output(output, arr, what),
-                              dtype_info=info, shape=arr.shape, root_rank=int(root_rank),
-                              process_set_id=ps.process_set_id, device=CPU_DEVICE)])
+    with _refusal(rt, name, pb.BROADCAST, ps):
+        if not isinstance(root_rank, numbers.Integral) or root_rank not in ps.ranks:
+            raise ValueError(f"{what}: invalid root rank {root_rank!r} for process set "
+                             f"{ps.ranks}")
+        arr, info = _array(tensor, what, reducible=False)
+        entry = Entry(name, pb.BROADCAST, tensor=arr, output=_output(output, arr, what),
+                      dtype_info=info, shape=arr.shape, root_rank=int(root_rank),
+                      process_set_id=ps.process_set_id, device=CPU_DEVICE)
+    return _submit(rt, [entry])
 
 
 # ------------------------------------------------------------------ alltoall
@@ -264,6 +309,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     what = _label("alltoall", name)
     rt = _runtime_for(what)
     ps = _process_set(process_set, rt, what)
+    with _refusal(rt, name, pb.ALLTOALL, ps):
+        entry = _alltoall_entry(tensor, splits, name, ps, what)
+    return _submit(rt, [entry])
+
+
+def _alltoall_entry(tensor, splits, name, ps, what):
     arr, info = _array(tensor, what, reducible=False)
     if arr.ndim == 0:
         raise ValueError(f"{what}: a scalar cannot be scattered; give it a first dimension")
@@ -284,9 +335,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         if any(s < 0 for s in splits) or sum(splits) > arr.shape[0]:
             raise ValueError(f"{what}: splits {splits} must be non-negative and sum to at "
                              f"most the first dimension {arr.shape[0]}")
-    return _submit(rt, [Entry(name, pb.ALLTOALL, tensor=arr, dtype_info=info, shape=arr.shape,
-                              splits=tuple(splits), process_set_id=ps.process_set_id,
-                              device=CPU_DEVICE)])
+    return Entry(name, pb.ALLTOALL, tensor=arr, dtype_info=info, shape=arr.shape,
+                 splits=tuple(splits), process_set_id=ps.process_set_id, device=CPU_DEVICE)
 
 
 # ------------------------------------------------------------- reducescatter
@@ -318,10 +368,11 @@ def reducescatter_async(tensor, op=Average, name=None, process_set=global_proces
     name = _name("reducescatter", name)
     what = _label("reducescatter", name)
     rt = _runtime_for(what)
-    op = _reducescatter_op(op, what)
     ps = _process_set(process_set, rt, what)
-    return _submit(rt, [_reducescatter_entry(tensor, name, op, prescale_factor,
-                                             postscale_factor, ps)])
+    with _refusal(rt, name, pb.REDUCESCATTER, ps):
+        op = _reducescatter_op(op, what)
+        entry = _reducescatter_entry(tensor, name, op, prescale_factor, postscale_factor, ps)
+    return _submit(rt, [entry])
 
 
 def grouped_reducescatter_async(tensors, op=Average, name=None,
@@ -332,12 +383,14 @@ def grouped_reducescatter_async(tensors, op=Average, name=None,
     base = _name("grouped_reducescatter", name)
     what = _label("grouped_reducescatter", base)
     rt = _runtime_for(what)
-    op = _reducescatter_op(op, what)
     ps = _process_set(process_set, rt, what)
     n = len(tensors)
-    return _submit(rt, [_reducescatter_entry(t, f"{base}_{i + 1}of{n}", op, prescale_factor,
-                                             postscale_factor, ps, base, n)
-                        for i, t in enumerate(tensors)], group=True)
+    with _refusal(rt, base, pb.REDUCESCATTER, ps, n):
+        op = _reducescatter_op(op, what)
+        entries = [_reducescatter_entry(t, _member(base, i, n), op, prescale_factor,
+                                        postscale_factor, ps, base, n)
+                   for i, t in enumerate(tensors)]
+    return _submit(rt, entries, group=True)
 
 
 # ---------------------------------------------------------- control and sync

@@ -40,6 +40,14 @@ class ControlChannel:
             out.append((source, bytes(buf)))
         return out
 
+    def barrier(self):
+        """A non-blocking barrier over the control communicator (its request),
+        or None once MPI is unusable."""
+        try:
+            return self.comm.Ibarrier()
+        except MPI.Exception:  # pragma: no cover - MPI already unusable
+            return None
+
     def cancel_sends(self):
         for req, _ in self._sends:
             try:

@@ -4,30 +4,48 @@ The controller never touches tensor bytes. It is fed the requests every rank
 submitted (`submit`) and produces `Plan`s: wire `Response`s, each with the
 ranks that must run it, in the one order every rank follows. Along the way it
 
-- keys negotiation by tensor name, so ranks may submit in any order;
+- keys negotiation by (process set, tensor name), so ranks may submit in any
+  order and the same name in two process sets is two tensors, as in Horovod;
 - checks that the ranks agree on a tensor (op, dtype, shape, reduce op, root,
-  scale factors, device, process set) and otherwise fails it on every rank with
-  an error naming each distinct value and the ranks that sent it;
-- counts joined ranks as ready (they take part with zeros);
+  scale factors, device) and otherwise fails it on every rank with an error
+  naming each distinct value and the ranks that sent it;
+- fails an operation on every member when one member refused it
+  (`Request.rejected`), when it stalled, or when its group cannot complete;
+  members that had not submitted it yet *owe* it, and their next submission
+  of that name (their copy of the failed operation) gets the same error, so
+  every rank's Nth submission of a name is only ever combined with the
+  others' Nth;
+- counts joined ranks as ready (they take part in allreduces with zeros; any
+  other collective fails while a rank has joined, as in Horovod);
 - fuses ready tensors that can share one buffer, up to the fusion threshold;
 - hands out response-cache ids so later steps can skip the descriptions.
 
 It is plain Python over wire messages so it can be tested without MPI.
 """
 
+import collections
 import time
 
 from coordinator import dtypes
-from coordinator.ops_names import (device_name, format_ranks, op_name, reduce_op_name)
-from coordinator.response_cache import CoordinatorCache
+from coordinator.ops_names import (device_name, display_name, format_ranks, op_name,
+                                   reduce_op_name)
+from coordinator.response_cache import CoordinatorCache, float_key
 from coordinator.stall_inspector import StallInspector
 from coordinator.wire import pb
 
 FUSABLE = frozenset({pb.ALLREDUCE, pb.ALLGATHER, pb.BROADCAST, pb.REDUCESCATTER})
 CACHEABLE = frozenset({pb.ALLREDUCE, pb.BROADCAST, pb.REDUCESCATTER})
 # Operations negotiated among all ranks whatever process set they name.
-GLOBAL_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET})
+GLOBAL_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET, pb.JOIN})
+# Operations Horovod refuses while a rank has joined: only allreduce can
+# take zeros in place of a joined rank's tensor.
+NOT_WITH_JOIN = frozenset({pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL, pb.REDUCESCATTER})
 JOIN_NAME = "join"
+
+
+def negotiation_set(op, process_set_id):
+    """The process set an operation is negotiated in (its name's scope)."""
+    return 0 if op in GLOBAL_OPS else process_set_id
 
 
 class Plan:
@@ -50,9 +68,9 @@ class Plan:
 
 class _Negotiation:
     __slots__ = ("name", "process_set_id", "members", "first", "requests", "cached",
-                 "arrivals", "nbytes")
+                 "arrivals", "nbytes", "group")
 
-    def __init__(self, name, process_set_id, members, now):
+    def __init__(self, name, process_set_id, members, now, group=None):
         self.name = name
         self.process_set_id = process_set_id
         self.members = members
@@ -61,9 +79,26 @@ class _Negotiation:
         self.cached = {}  # rank -> cache id the rank used (0: sent in full)
         self.arrivals = {}  # rank -> submit time the rank reported
         self.nbytes = 0  # bytes the operation moves, once ready
+        self.group = group  # (process set, group key) of a grouped operation
+
+    @property
+    def key(self):
+        return (self.process_set_id, self.name)
 
     def representative(self):
         return self.requests[min(self.requests)]
+
+
+class _Group:
+    """One instance of a grouped operation: its members run together or fail
+    together. Every rank submits all its members at once (one RequestList)."""
+
+    __slots__ = ("sizes", "done", "op")
+
+    def __init__(self, op):
+        self.op = op
+        self.sizes = {}  # rank -> how many tensors its group holds
+        self.done = []  # negotiations that completed, waiting for the rest
 
 
 def _shape(req):
@@ -74,7 +109,12 @@ def _fmt_shape(shape):
     return str(tuple(shape))
 
 
-# (label, extract, render) of the fields ranks must agree on, by op.
+def _fmt_float(value):
+    return "nan" if isinstance(value, tuple) else repr(value)
+
+
+# (label, extract, render) of the fields ranks must agree on, by op. Floats
+# are compared through float_key, so NaN equals NaN.
 _COMMON_FIELDS = [
     ("dtype", lambda r: r.dtype, dtypes.wire_name),
     ("device", lambda r: r.device, device_name),
@@ -82,8 +122,8 @@ _COMMON_FIELDS = [
 _REDUCE_FIELDS = [
     ("shape", _shape, _fmt_shape),
     ("reduce op", lambda r: r.reduce_op, reduce_op_name),
-    ("prescale factor", lambda r: r.prescale, repr),
-    ("postscale factor", lambda r: r.postscale, repr),
+    ("prescale factor", lambda r: float_key(r.prescale), _fmt_float),
+    ("postscale factor", lambda r: float_key(r.postscale), _fmt_float),
 ]
 _TRAILING = ("trailing dimensions (shape[1:])", lambda r: tuple(r.shape[1:]), _fmt_shape)
 _NDIM = ("number of dimensions", lambda r: len(r.shape), str)
@@ -98,7 +138,6 @@ _OP_FIELDS = {
     pb.ADD_PROCESS_SET: [("ranks", lambda r: tuple(r.ranks), lambda v: str(list(v)))],
     pb.REMOVE_PROCESS_SET: [],
 }
-_GROUP_FIELD = ("group size", lambda r: r.group_size, str)
 
 
 def mismatch_text(field, op, name, values_by_rank, render):
@@ -135,6 +174,10 @@ def row_nbytes(req):
     return n
 
 
+def _have(ranks):
+    return "has" if len(ranks) == 1 else "have"
+
+
 class Controller:
     def __init__(self, size, fusion_threshold=128 * 1024 * 1024, cache_capacity=1024,
                  stall_inspector=None, timeline=None, cycle_time=0.0, clock=time.monotonic,
@@ -152,12 +195,19 @@ class Controller:
         self.clock = clock
         self.process_sets = {0: tuple(range(size))}
         self._next_process_set_id = 1
-        self._pending = {}  # name -> _Negotiation
+        self._pending = {}  # (process set, name) -> _Negotiation
         self._ready = []  # negotiations that passed validation, in readiness order
         self._ready_since = None
         self._ready_bytes = 0
-        self._groups = {}  # group key -> [negotiations done, ...]
-        self._tombstones = {}  # name -> [error Response, ranks still to tell]
+        self._groups = {}  # (process set, group key) -> _Group
+        # (process set, name) -> {rank: deque of error Responses}: operations
+        # that failed before these ranks submitted them.
+        self._owed = {}
+        # (process set, group key) -> {rank: deque of (error text, kind)}
+        self._owed_groups = {}
+        # While one RequestList is processed: (group, rank) -> (text, kind)
+        # for a failed group instance whose other members may still follow.
+        self._batch_failed = {}
         self._joined = {}  # rank -> order of joining
         self._plans = []
         self._resend = {}  # rank -> [cache ids to send in full]
@@ -170,14 +220,17 @@ class Controller:
 
     def submit(self, rank, request_list):
         """Everything one RequestList from `rank` asks for."""
-        for cached in request_list.cached:
-            template = self.cache.get(cached.cache_id)
-            if template is None:
-                self._resend.setdefault(rank, []).append(cached.cache_id)
-            else:
-                self.submit_request(rank, template, cached.submit_time, cached.cache_id)
-        for req in request_list.requests:
-            self.submit_request(rank, req, req.submit_time)
+        try:
+            for cached in request_list.cached:
+                template = self.cache.get(cached.cache_id)
+                if template is None:
+                    self._resend.setdefault(rank, []).append(cached.cache_id)
+                else:
+                    self.submit_request(rank, template, cached.submit_time, cached.cache_id)
+            for req in request_list.requests:
+                self.submit_request(rank, req, req.submit_time)
+        finally:
+            self._batch_failed.clear()
         if request_list.shutdown:
             self.request_shutdown(rank, request_list.shutdown_reason)
 
@@ -190,42 +243,49 @@ class Controller:
             self._join(rank, req)
             return
         name = req.name
-        tomb = self._tombstones.get(name)
-        if tomb is not None:
-            self._plans.append(Plan(tomb[0], (rank,)))
-            tomb[1].discard(rank)
-            if not tomb[1]:
-                del self._tombstones[name]
+        pset = negotiation_set(req.op, req.process_set_id)
+        key = (pset, name)
+        if self._pay_owed(rank, key, req):
             return
-        pset = 0 if req.op in GLOBAL_OPS else req.process_set_id
+        gkey = (pset, req.group) if req.group else None
+        if gkey is not None and self._pay_owed_group(rank, gkey, req):
+            return
         members = self.process_sets.get(pset)
         if members is None:
-            self._fail((rank,), req, f"{op_name(req.op)} of tensor '{name}' names process set "
-                                     f"{pset}, which is not registered (was it removed?)")
-            return
-        neg = self._pending.get(name)
-        if neg is None:
-            neg = _Negotiation(name, pset, members, self.clock())
-            self._pending[name] = neg
-            if self.timeline is not None and self.timeline.enabled:
-                self.timeline.negotiate_start(name, req.op, req, submit_time)
-        elif neg.process_set_id != pset:
-            self._process_set_mismatch(neg, rank, req, pset)
-            return
-        if rank in neg.requests:
-            self._fail((rank,), req, f"{op_name(req.op)} of tensor '{name}' was submitted twice "
-                                     f"by rank {rank} before it completed")
+            if not req.rejected:
+                self._fail((rank,), pset, req,
+                           f"{op_name(req.op)} of tensor '{name}' names process set {pset}, "
+                           "which is not registered (was it removed?)")
             return
         if rank not in members:
-            self._fail((rank,), req, f"rank {rank} submitted {op_name(req.op)} of tensor "
-                                     f"'{name}' on process set {pset}, which does not "
-                                     f"include it (members: {list(members)})")
+            if not req.rejected:
+                self._fail((rank,), pset, req,
+                           f"rank {rank} submitted {op_name(req.op)} of tensor '{name}' on "
+                           f"process set {pset}, which does not include it (members: "
+                           f"{list(members)})")
+            return
+        if req.rejected:
+            self._reject(rank, pset, req, members)
+            return
+        neg = self._pending.get(key)
+        if neg is None:
+            neg = _Negotiation(name, pset, members, self.clock(), gkey)
+            self._pending[key] = neg
+            if self._tracing():
+                self.timeline.negotiate_start(display_name(pset, name), req.op, req,
+                                              submit_time)
+        if rank in neg.requests:
+            self._fail((rank,), pset, req,
+                       f"{op_name(req.op)} of tensor '{name}' was submitted twice by rank "
+                       f"{rank} before it completed")
             return
         neg.requests[rank] = req
         neg.cached[rank] = cache_id
         neg.arrivals[rank] = submit_time
-        if self.timeline is not None and self.timeline.enabled:
-            self.timeline.negotiate_rank_ready(name, rank, submit_time)
+        if self._tracing():
+            self.timeline.negotiate_rank_ready(display_name(pset, name), rank, submit_time)
+        if gkey is not None and not self._join_group(rank, gkey, neg, req):
+            return
         if self._complete(neg):
             self._finish(neg)
 
@@ -253,6 +313,11 @@ class Controller:
     def has_pending(self):
         return bool(self._pending or self._ready or self._plans)
 
+    def owes(self, rank):
+        """Names (process set, name) whose failed operation `rank` has not
+        submitted yet; for tests and diagnostics."""
+        return sorted(k for k, owed in self._owed.items() if owed.get(rank))
+
     # ------------------------------------------------------------ stalls
     def inspect_stalls(self, now=None):
         """Stall warnings (texts) to log now; fails the stalls that expired."""
@@ -264,20 +329,133 @@ class Controller:
         rows = []
         for neg in self._pending.values():
             missing = [m for m in neg.members if m not in neg.requests and m not in joined]
-            rows.append((neg.name, neg.representative().op, neg.first, list(neg.requests),
+            rows.append((neg.key, neg.representative().op, neg.first, list(neg.requests),
                          missing))
         warnings, expired = inspector.inspect(now, rows)
         for stall in expired:
-            neg = self._pending.pop(stall.name)
+            neg = self._pending.get(stall.key)
+            if neg is None:  # failed with its group earlier in this loop
+                continue
             text = inspector.error_text(stall, inspector.shutdown_time)
-            resp = self._error_response(neg.representative(), text, pb.STALL)
-            self._plans.append(Plan(resp, sorted(neg.requests)))
-            self._tombstones[stall.name] = [resp, set(stall.missing)]
+            self._fail_negotiation(neg, text, pb.STALL)
         if warnings:
             return [inspector.warning_text(warnings, inspector.shutdown_time)]
         return []
 
+    # ------------------------------------------------------- failure paths
+    def _pay_owed(self, rank, key, req):
+        """True when this submission is `rank`'s copy of an operation that
+        already failed: it gets that error (a refusal needs no answer)."""
+        owed = self._owed.get(key)
+        if not owed or rank not in owed:
+            return False
+        queue = owed[rank]
+        resp = queue.popleft()
+        if not queue:
+            del owed[rank]
+            if not owed:
+                del self._owed[key]
+        if not req.rejected:
+            self._plans.append(Plan(resp, (rank,)))
+        return True
+
+    def _pay_owed_group(self, rank, gkey, req):
+        failed = self._batch_failed.get((gkey, rank))
+        if failed is None:
+            owed = self._owed_groups.get(gkey)
+            if not owed or rank not in owed:
+                return False
+            queue = owed[rank]
+            failed = queue.popleft()
+            if not queue:
+                del owed[rank]
+                if not owed:
+                    del self._owed_groups[gkey]
+            self._batch_failed[(gkey, rank)] = failed
+        if not req.rejected:
+            text, kind = failed
+            self._plans.append(Plan(self._error_response(gkey[0], req, text, kind), (rank,)))
+        return True
+
+    def _owe(self, key, ranks, resp):
+        for rank in ranks:
+            self._owed.setdefault(key, {}).setdefault(rank, collections.deque()).append(resp)
+
+    def _fail_negotiation(self, neg, text, kind, excused=()):
+        """Fails an open negotiation on the ranks that submitted it; the other
+        members (but `excused` and joined ranks) owe it."""
+        if neg.group is not None and neg.group in self._groups:
+            self._fail_group(neg.group, text, kind, excused)
+            return
+        self._pending.pop(neg.key, None)
+        self._negotiation_over(neg)
+        resp = self._error_response(neg.process_set_id, neg.representative(), text, kind)
+        self._plans.append(Plan(resp, sorted(neg.requests)))
+        self._owe(neg.key, [m for m in neg.members if m not in neg.requests
+                            and m not in excused and m not in self._joined], resp)
+
+    def _fail_group(self, gkey, text, kind, excused=()):
+        """Fails every member of a group instance on the ranks that submitted
+        it; members of the set that have not submitted the group owe it."""
+        group = self._groups.pop(gkey)
+        negs = list(group.done) + [n for n in self._pending.values() if n.group == gkey]
+        for neg in negs:
+            self._pending.pop(neg.key, None)
+            self._negotiation_over(neg)
+            resp = self._error_response(neg.process_set_id, neg.representative(), text, kind)
+            self._plans.append(Plan(resp, sorted(neg.requests)))
+        for rank in group.sizes:
+            self._batch_failed[(gkey, rank)] = (text, kind)
+        members = self.process_sets.get(gkey[0], ())
+        for rank in members:
+            if rank not in group.sizes and rank not in excused and rank not in self._joined:
+                owed = self._owed_groups.setdefault(gkey, {})
+                owed.setdefault(rank, collections.deque()).append((text, kind))
+
+    def _reject(self, rank, pset, req, members):
+        """`rank` refused this operation (bad input on that rank): it fails on
+        every member, naming the rank and its reason."""
+        what = (f"grouped {op_name(req.op)} '{req.group}'" if req.group
+                else f"{op_name(req.op)} of tensor '{req.name}'")
+        text = f"rank {rank} rejected {what}: {req.rejected}"
+        if req.group:
+            gkey = (pset, req.group)
+            group = self._groups.get(gkey)
+            if group is None:
+                group = self._groups[gkey] = _Group(req.op)
+            group.sizes[rank] = req.group_size
+            self._fail_group(gkey, text, pb.INVALID)
+            return
+        key = (pset, req.name)
+        neg = self._pending.get(key)
+        if neg is not None:
+            self._fail_negotiation(neg, text, pb.INVALID, excused=(rank,))
+            return
+        resp = self._error_response(pset, req, text, pb.INVALID)
+        self._owe(key, [m for m in members if m != rank and m not in self._joined], resp)
+
+    def _join_group(self, rank, gkey, neg, req):
+        """Records a group member; False when the group has failed (its
+        negotiations are already answered)."""
+        group = self._groups.get(gkey)
+        if group is None:
+            group = self._groups[gkey] = _Group(req.op)
+        group.sizes.setdefault(rank, req.group_size)
+        if len(set(group.sizes.values())) > 1:
+            text = mismatch_text("group size", req.op, req.group, group.sizes, str)
+            text = text.replace(f"of tensor '{req.group}'", f"group '{req.group}'")
+            self._fail_group(gkey, text, pb.MISMATCH)
+            return False
+        return True
+
     # ------------------------------------------------------------ internals
+    def _tracing(self):
+        return self.timeline is not None and self.timeline.enabled
+
+    def _negotiation_over(self, neg):
+        if self._tracing():
+            self.timeline.negotiate_end(display_name(neg.process_set_id, neg.name))
+
     def _holding(self, now):
         if self.cycle_time <= 0 or self._ready_since is None:
             return False
@@ -292,25 +470,23 @@ class Controller:
         return all(m in neg.requests or m in self._joined for m in neg.members)
 
     def _finish(self, neg):
-        del self._pending[neg.name]
-        if self.timeline is not None and self.timeline.enabled:
-            self.timeline.negotiate_end(neg.name)
         error, kind = self._validate(neg)
-        req = neg.representative()
         if error:
-            self._plans.append(Plan(self._error_response(req, error, kind),
-                                    sorted(neg.requests)))
-        if req.group and req.group_size > 1:
-            done = self._groups.setdefault(req.group, [])
-            done.append(None if error else neg)
-            if len(done) < req.group_size:
-                return
-            del self._groups[req.group]
-            for member in done:
-                if member is not None:
-                    self._make_ready(member)
-        elif not error:
+            self._fail_negotiation(neg, error, kind)
+            return
+        del self._pending[neg.key]
+        self._negotiation_over(neg)
+        if neg.group is None:
             self._make_ready(neg)
+            return
+        group = self._groups[neg.group]
+        group.done.append(neg)
+        size = neg.representative().group_size
+        if len(group.done) < size:
+            return
+        del self._groups[neg.group]
+        for member in group.done:
+            self._make_ready(member)
 
     def _make_ready(self, neg):
         req = neg.representative()
@@ -337,11 +513,8 @@ class Controller:
         ops = {r: q.op for r, q in reqs.items()}
         if len(set(ops.values())) > 1:
             return mismatch_text("operation", req.op, neg.name, ops, op_name), pb.MISMATCH
-        fields = list(_OP_FIELDS.get(req.op, []))
-        if req.group:
-            fields.append(_GROUP_FIELD)
         errors = []
-        for label, extract, render in fields:
+        for label, extract, render in _OP_FIELDS.get(req.op, []):
             values = {r: extract(q) for r, q in reqs.items()}
             if len(set(values.values())) > 1:
                 errors.append(mismatch_text(label, req.op, neg.name, values, render))
@@ -351,22 +524,20 @@ class Controller:
 
     def _check_op(self, neg, req):
         members = neg.members
+        joined = [m for m in members if m in self._joined]
+        if joined and req.op in NOT_WITH_JOIN:
+            return (f"{op_name(req.op)} of tensor '{neg.name}' cannot run while "
+                    f"{format_ranks(joined)} {_have(joined)} joined: only allreduce takes "
+                    "part with a joined rank (Horovod raises here too)")
         if req.op == pb.BROADCAST:
             if req.root_rank not in members:
                 return (f"broadcast of tensor '{neg.name}': root rank {req.root_rank} is not a "
                         f"member of process set {neg.process_set_id} ({list(members)})")
-            if req.root_rank in self._joined:
-                return (f"broadcast of tensor '{neg.name}': root rank {req.root_rank} has "
-                        "already joined and cannot send")
         elif req.op == pb.ALLTOALL:
             for rank, q in neg.requests.items():
                 if len(q.splits) != len(members):
                     return (f"alltoall of tensor '{neg.name}': rank {rank} sent "
                             f"{len(q.splits)} splits for a process set of {len(members)}")
-            if any(m in self._joined for m in members):
-                return (f"alltoall of tensor '{neg.name}' cannot run while "
-                        f"{format_ranks([m for m in members if m in self._joined])} "
-                        "have joined")
         elif req.op == pb.ADD_PROCESS_SET:
             ranks = tuple(sorted(req.ranks))
             if not ranks or len(set(ranks)) != len(ranks) or not all(
@@ -383,31 +554,18 @@ class Controller:
                 return f"remove_process_set: process set {req.process_set_id} is not registered"
         return ""
 
-    def _process_set_mismatch(self, neg, rank, req, pset):
-        del self._pending[neg.name]
-        values = {r: neg.process_set_id for r in neg.requests}
-        values[rank] = pset
-        text = mismatch_text("process set", req.op, neg.name, values, str)
-        told = set(values)
-        others = set(neg.members) | set(self.process_sets.get(pset, ()))
-        resp = self._error_response(req, text, pb.MISMATCH)
-        self._plans.append(Plan(resp, sorted(told)))
-        remaining = others - told
-        if remaining:
-            self._tombstones[neg.name] = [resp, remaining]
+    def _error_response(self, pset, req, text, kind=pb.INVALID):
+        return pb.Response(op=req.op, process_set_id=pset, names=[req.name], error=text,
+                           error_kind=kind)
 
-    def _error_response(self, req, text, kind=pb.INVALID):
-        return pb.Response(op=req.op, process_set_id=req.process_set_id, names=[req.name],
-                           error=text, error_kind=kind)
-
-    def _fail(self, ranks, req, text):
-        self._plans.append(Plan(self._error_response(req, text), ranks))
+    def _fail(self, ranks, pset, req, text):
+        self._plans.append(Plan(self._error_response(pset, req, text), ranks))
 
     def _join(self, rank, req):
         if rank not in self._joined:
             self._joined[rank] = len(self._joined)
         for neg in list(self._pending.values()):
-            if self._complete(neg):
+            if neg.key in self._pending and self._complete(neg):
                 self._finish(neg)
         if len(self._joined) == self.size:
             last = max(self._joined, key=self._joined.get)
@@ -430,11 +588,15 @@ class Controller:
             pid = req.process_set_id
             self.process_sets.pop(pid, None)
             for other in [n for n in self._pending.values() if n.process_set_id == pid]:
-                del self._pending[other.name]
+                self._pending.pop(other.key, None)
+                self._negotiation_over(other)
+                rep = other.representative()
                 self._plans.append(Plan(self._error_response(
-                    other.representative(),
-                    f"process set {pid} was removed before {op_name(other.representative().op)}"
-                    f" of tensor '{other.name}' could run"), sorted(other.requests)))
+                    pid, rep, f"process set {pid} was removed before {op_name(rep.op)}"
+                              f" of tensor '{other.name}' could run"), sorted(other.requests)))
+            for table in (self._owed, self._owed_groups, self._groups):
+                for key in [k for k in table if k[0] == pid]:
+                    del table[key]
             resp = pb.Response(op=pb.REMOVE_PROCESS_SET, names=[neg.name], value=pid)
         return Plan(resp, members)
 
@@ -445,8 +607,8 @@ class Controller:
             return (op, req.process_set_id, req.root_rank, req.device)
         if op == pb.ALLGATHER:
             return (op, req.process_set_id, req.dtype, req.device)
-        return (op, req.process_set_id, req.dtype, req.reduce_op, req.prescale, req.postscale,
-                req.device)
+        return (op, req.process_set_id, req.dtype, req.reduce_op, float_key(req.prescale),
+                float_key(req.postscale), req.device)
 
     def _fuse(self, ready):
         """Group ready negotiations into responses, keeping first-ready order."""
@@ -494,7 +656,9 @@ class Controller:
                 named.append(neg)
         for neg in named:
             resp.names.append(neg.name)
-            resp.new_cache_ids.append(self.cache.id_for(neg.representative()) if cacheable else 0)
+            resp.new_cache_ids.append(self.cache.id_for(neg.process_set_id,
+                                                        neg.representative())
+                                      if cacheable else 0)
         for neg in by_id:
             resp.cache_ids.append(next(iter(neg.cached.values())))
         ordered = named + by_id
@@ -510,9 +674,5 @@ class Controller:
             resp.joined_ranks.extend(joined)
             for neg in ordered:
                 q = neg.representative()
-                shape = list(q.shape)
-                if q.op == pb.ALLGATHER and shape:
-                    shape[0] = 0
-                resp.specs.add(name=neg.name, dtype=q.dtype, shape=shape)
+                resp.specs.add(name=neg.name, dtype=q.dtype, shape=list(q.shape))
         return Plan(resp, members, sum(neg.nbytes for neg in negs), [neg.name for neg in negs])
-

@@ -1,9 +1,12 @@
 """Fusion buffers: many small tensors packed into one buffer per collective.
 
-`FusionBuffers` keeps one reusable byte buffer per slot ("reduce", "send",
-"recv"), grown on demand and never larger than the biggest fused response,
-which the controller bounds by the fusion threshold. Steady-state training
-therefore allocates nothing here after the first step.
+`FusionBuffers` keeps one reusable byte buffer per (device, lane, slot): a
+lane is a communicator whose operations run one after the other (see
+executor.py), so operations of different lanes, in flight side by side,
+never share a buffer; slots are "reduce", "send" and "recv". Buffers grow on
+demand and never beyond the biggest fused response, which the controller
+bounds by the fusion threshold. Steady-state training therefore allocates
+nothing here after the first step.
 
 `pack` and `unpack` copy tensors in and out, folding the pre- and post-scale
 factors (and any dtype conversion, e.g. bfloat16 reduced as float32) into the
@@ -24,16 +27,18 @@ class FusionBuffers:
         # threshold that still needs a conversion) are not kept.
         self.limit = limit
 
-    def get(self, slot, count, dtype):
-        """A 1-D view of `count` elements of `dtype` in buffer `slot`."""
+    def get(self, slot, count, dtype, lane=0, device=-1):
+        """A 1-D view of `count` elements of `dtype` in buffer `slot` of
+        `lane` on `device` (-1: host memory)."""
         dtype = np.dtype(dtype)
         nbytes = count * dtype.itemsize
         if self.limit is not None and nbytes > self.limit:
             return np.empty(count, dtype)
-        buf = self._slots.get(slot)
+        key = (device, lane, slot)
+        buf = self._slots.get(key)
         if buf is None or buf.nbytes < nbytes:
             buf = np.empty(max(nbytes, 64), dtype=np.uint8)
-            self._slots[slot] = buf
+            self._slots[key] = buf
         return buf[:nbytes].view(dtype)
 
     def nbytes(self):
@@ -43,26 +48,33 @@ class FusionBuffers:
         self._slots.clear()
 
 
-def copy_scaled(src, dst, scale):
-    """dst[...] = src * scale, in dst's dtype; src and dst are 1-D, same size."""
-    if scale == 1.0:
+def copy_scaled(src, dst, scale, divisor=1):
+    """dst[...] = src * scale / divisor, in dst's dtype; src and dst are 1-D,
+    same size."""
+    if scale == 1.0 and divisor == 1:
         np.copyto(dst, src, casting="unsafe")
     elif src.dtype == dst.dtype and dst.dtype.kind == "f" and dst.dtype.itemsize >= 4:
-        np.multiply(src, dst.dtype.type(scale), out=dst)
+        np.multiply(src, dst.dtype.type(scale / divisor), out=dst)
     else:
         np.copyto(dst, src, casting="unsafe")
-        scale_inplace(dst, scale)
+        scale_inplace(dst, scale, divisor)
 
 
-def scale_inplace(arr, scale):
-    if scale == 1.0:
+def scale_inplace(arr, scale, divisor=1):
+    """arr *= scale / divisor. Integers are scaled in float64 and rounded
+    toward zero, dividing last, so that an average that is a whole number
+    comes out exact (6 * (1/3) would truncate to 1; 6 / 3 is 2)."""
+    if scale == 1.0 and divisor == 1:
         return
     if arr.dtype.kind == "f" and arr.dtype.itemsize >= 4:
-        np.multiply(arr, arr.dtype.type(scale), out=arr)
+        np.multiply(arr, arr.dtype.type(scale / divisor), out=arr)
     elif arr.dtype in native.KINDS:  # float16, bfloat16: one native pass
-        native.scale16(arr, scale)
-    else:  # integers: scale in float64, round toward zero
-        np.copyto(arr, arr * float(scale), casting="unsafe")
+        native.scale16(arr, scale / divisor)
+    else:  # integers
+        scaled = arr * float(scale) if scale != 1.0 else arr.astype(np.float64)
+        if divisor != 1:
+            scaled /= divisor
+        np.copyto(arr, scaled, casting="unsafe")
 
 
 def pack(sources, buf, scale=1.0):
@@ -75,12 +87,12 @@ def pack(sources, buf, scale=1.0):
     return offset
 
 
-def unpack(buf, outputs, scale=1.0):
+def unpack(buf, outputs, scale=1.0, divisor=1):
     """Copy consecutive segments of `buf` into each output (any shape)."""
     offset = 0
     for out in outputs:
         n = out.size
-        copy_scaled(buf[offset:offset + n], out.reshape(-1), scale)
+        copy_scaled(buf[offset:offset + n], out.reshape(-1), scale, divisor)
         offset += n
     return offset
 

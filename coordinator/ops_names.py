@@ -43,3 +43,8 @@ def format_ranks(ranks):
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def display_name(process_set_id, name):
+    """A tensor's name in logs and the timeline: names are per process set."""
+    return name if not process_set_id else f"{name} (process set {process_set_id})"

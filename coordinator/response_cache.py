@@ -11,13 +11,20 @@ before hearing of it is asked to send that request in full (`resend`).
 """
 
 import collections
+import math
+
+
+def float_key(value):
+    """A float as a comparable key: NaN equals NaN (as a scale factor, NaN on
+    every rank is agreement, not a mismatch)."""
+    return ("nan",) if math.isnan(value) else value
 
 
 def request_signature(op, dtype, shape, reduce_op, root_rank, prescale, postscale,
                       process_set_id, device, group, group_size):
     """Everything about a request that must match for the cache to apply."""
-    return (op, dtype, tuple(shape), reduce_op, root_rank, prescale, postscale,
-            process_set_id, device, group, group_size)
+    return (op, dtype, tuple(shape), reduce_op, root_rank, float_key(prescale),
+            float_key(postscale), process_set_id, device, group, group_size)
 
 
 def signature_of(req):
@@ -33,7 +40,7 @@ class CoordinatorCache:
     def __init__(self, capacity):
         self.capacity = capacity
         self._by_id = collections.OrderedDict()  # id -> (signature, template Request)
-        self._by_name = {}  # name -> id
+        self._by_name = {}  # (process set, name) -> id
         self._next_id = 1
         self._evicted = []  # ids dropped, in order; ranks hear of them by sequence
         self._evicted_base = 0  # sequence number of _evicted[0]
@@ -53,12 +60,14 @@ class CoordinatorCache:
         self._by_id.move_to_end(cache_id)
         return item[1]
 
-    def id_for(self, req):
-        """The id under which `req` is cached, assigning one if needed."""
+    def id_for(self, process_set_id, req):
+        """The id under which `req` (negotiated in `process_set_id`) is cached,
+        assigning one if needed."""
         if not self.enabled:
             return 0
         sig = signature_of(req)
-        cache_id = self._by_name.get(req.name)
+        key = (process_set_id, req.name)
+        cache_id = self._by_name.get(key)
         if cache_id is not None:
             item = self._by_id[cache_id]
             if item[0] == sig:
@@ -70,16 +79,16 @@ class CoordinatorCache:
         template = type(req)()
         template.CopyFrom(req)
         template.submit_time = 0.0
-        self._by_id[cache_id] = (sig, template)
-        self._by_name[req.name] = cache_id
+        self._by_id[cache_id] = (sig, template, key)
+        self._by_name[key] = cache_id
         while len(self._by_id) > self.capacity:
             self._drop(next(iter(self._by_id)))
         return cache_id
 
     def _drop(self, cache_id):
-        _, template = self._by_id.pop(cache_id)
-        if self._by_name.get(template.name) == cache_id:
-            del self._by_name[template.name]
+        _, _, key = self._by_id.pop(cache_id)
+        if self._by_name.get(key) == cache_id:
+            del self._by_name[key]
         self._evicted.append(cache_id)
 
     def evictions_since(self, seq):
@@ -97,7 +106,7 @@ class CoordinatorCache:
 
 
 class WorkerCache:
-    """A rank's view: name -> (signature, cache id)."""
+    """A rank's view: (process set, name) -> (signature, cache id)."""
 
     def __init__(self):
         self._by_name = {}

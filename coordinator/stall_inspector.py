@@ -11,17 +11,20 @@ from coordinator.ops_names import format_ranks, op_name
 
 
 class Stall:
-    __slots__ = ("name", "op", "missing", "submitted", "waited")
+    __slots__ = ("key", "name", "op", "missing", "submitted", "waited")
 
-    def __init__(self, name, op, missing, submitted, waited):
-        self.name = name
+    def __init__(self, key, op, missing, submitted, waited):
+        self.key = key  # (process set id, tensor name)
+        self.name = key[1]
         self.op = op
         self.missing = missing
         self.submitted = submitted
         self.waited = waited
 
     def describe(self):
-        return (f"{op_name(self.op)} of tensor '{self.name}': {format_ranks(self.missing)} "
+        where = f" in process set {self.key[0]}" if self.key[0] else ""
+        return (f"{op_name(self.op)} of tensor '{self.name}'{where}: "
+                f"{format_ranks(self.missing)} "
                 f"did not submit it; {format_ranks(self.submitted)} have waited "
                 f"{self.waited:.1f} s")
 
@@ -31,7 +34,7 @@ class StallInspector:
         self.check_time = check_time
         self.shutdown_time = shutdown_time
         self.disabled = disabled or (check_time <= 0 and shutdown_time <= 0)
-        self._warned = {}  # name -> time of the last warning
+        self._warned = {}  # key -> time of the last warning
 
     def next_check(self, now):
         """Seconds until the inspector could next have something to say."""
@@ -43,31 +46,31 @@ class StallInspector:
     def inspect(self, now, negotiations):
         """Look at the open negotiations.
 
-        `negotiations` yields (name, op, first_submit_time, submitted ranks,
-        missing ranks). Returns (warnings, expired): stalls to warn about now,
-        and stalls past the shutdown time.
+        `negotiations` yields ((process set, name), op, first_submit_time,
+        submitted ranks, missing ranks). Returns (warnings, expired): stalls
+        to warn about now, and stalls past the shutdown time.
         """
         warnings, expired = [], []
         if self.disabled:
             return warnings, expired
         live = set()
-        for name, op, first, submitted, missing in negotiations:
+        for key, op, first, submitted, missing in negotiations:
             if not missing:
                 continue
             waited = now - first
-            live.add(name)
-            stall = Stall(name, op, sorted(missing), sorted(submitted), waited)
+            live.add(key)
+            stall = Stall(key, op, sorted(missing), sorted(submitted), waited)
             if self.shutdown_time > 0 and waited >= self.shutdown_time:
                 expired.append(stall)
                 continue
             if self.check_time > 0 and waited >= self.check_time:
-                last = self._warned.get(name)
+                last = self._warned.get(key)
                 if last is None or now - last >= self.check_time:
-                    self._warned[name] = now
+                    self._warned[key] = now
                     warnings.append(stall)
-        for name in list(self._warned):
-            if name not in live:
-                del self._warned[name]
+        for key in list(self._warned):
+            if key not in live:
+                del self._warned[key]
         return warnings, expired
 
     @staticmethod

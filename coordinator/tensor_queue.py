@@ -1,8 +1,9 @@
 """Submitted tensors: the entry each one becomes, and the queue that hands
 them from the frontends' threads to the background thread.
 
-A name may be in flight only once per rank: submitting it again before it
-completes is a `ValueError` at once, on the submitting rank.
+Names are per process set (as in Horovod): the same name in two sets is two
+tensors. A name may be in flight only once per rank and set: submitting it
+again before it completes is a `ValueError` at once, on the submitting rank.
 """
 
 import _thread
@@ -12,6 +13,14 @@ import time
 
 from coordinator.ops_names import op_name
 from coordinator.response_cache import request_signature
+from coordinator.wire import pb
+
+# Guards the single completion of an entry: the background thread completes
+# entries while a frontend thread may fail them all (a dead peer).
+_completion = threading.Lock()
+
+# Negotiated among all ranks whatever process set they name (controller.py).
+_GLOBAL_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET, pb.JOIN})
 
 
 class Entry:
@@ -20,11 +29,12 @@ class Entry:
     __slots__ = ("name", "op", "tensor", "output", "dtype_info", "shape", "reduce_op",
                  "root_rank", "prescale", "postscale", "process_set_id", "device", "splits",
                  "group", "group_size", "ranks", "submit_time", "cache_id", "_pending",
-                 "result", "error", "callback", "done")
+                 "result", "error", "callback", "done", "key", "rejected")
 
     def __init__(self, name, op, tensor=None, output=None, dtype_info=None, shape=(),
                  reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
-                 device=-1, splits=(), group="", group_size=0, ranks=(), callback=None):
+                 device=-1, splits=(), group="", group_size=0, ranks=(), callback=None,
+                 rejected=""):
         self.name = name
         self.op = op
         self.tensor = tensor
@@ -41,6 +51,11 @@ class Entry:
         self.group = group
         self.group_size = group_size
         self.ranks = ranks
+        # Where the name lives: (negotiating process set, name).
+        self.key = (0 if op in _GLOBAL_OPS else process_set_id, name)
+        # Non-empty: this rank refused the operation; the entry only tells the
+        # coordinator why, so the other ranks' copies fail too.
+        self.rejected = rejected
         self.submit_time = 0.0
         self.cache_id = 0
         # Held until the entry completes: waiting is acquiring it. A bare lock
@@ -63,18 +78,31 @@ class Entry:
                                  self.group_size)
 
     def describe(self):
-        return f"{op_name(self.op)} of tensor '{self.name}'"
+        where = f" in process set {self.key[0]}" if self.key[0] else ""
+        return f"{op_name(self.op)} of tensor '{self.name}'{where}"
 
     def finish(self, result):
-        self.result = result
-        self._complete()
+        """Completes the entry with `result`; False if it had completed already."""
+        with _completion:
+            if self.done:
+                return False
+            self.result = result
+            self.done = True
+        self._released()
+        return True
 
     def fail(self, error):
-        self.error = error
-        self._complete()
+        """Completes the entry with `error`; False if it had completed already
+        (the first outcome stands: a late failure never hides a result)."""
+        with _completion:
+            if self.done:
+                return False
+            self.error = error
+            self.done = True
+        self._released()
+        return True
 
-    def _complete(self):
-        self.done = True
+    def _released(self):
         self.tensor = None  # the frontend's buffer is no longer needed
         self._pending.release()
         if self.callback is not None:
@@ -131,15 +159,35 @@ class TensorQueue:
         self._closed = None  # exception raised by push once closed
 
     def push(self, entry):
+        self.push_all((entry,))
+
+    def push_all(self, entries):
+        """Queues entries together (a grouped operation's members reach the
+        coordinator in one message), or none of them."""
         with self._lock:
             if self._closed is not None:
-                raise self._closed(entry)
-            if entry.name in self._inflight:
-                raise ValueError(
-                    f"{entry.describe()}: a tensor with this name is already in flight on "
-                    "this rank; wait for it (synchronize) or use a different name")
+                raise self._closed(entries[0])
+            keys = set()
+            for entry in entries:
+                if entry.key in self._inflight or entry.key in keys:
+                    raise ValueError(
+                        f"{entry.describe()}: a tensor with this name is already in flight "
+                        "on this rank; wait for it (synchronize) or use a different name")
+                keys.add(entry.key)
+            now = time.time()
+            for entry in entries:
+                entry.submit_time = now
+                self._inflight[entry.key] = entry
+                self._queue.append(entry)
+        self.wakeup.set()
+
+    def tell(self, entry):
+        """Queues a refusal (`entry.rejected`) for the coordinator; nothing
+        waits on it. Dropped once the queue is closed."""
+        with self._lock:
+            if self._closed is not None:
+                return
             entry.submit_time = time.time()
-            self._inflight[entry.name] = entry
             self._queue.append(entry)
         self.wakeup.set()
 
@@ -152,13 +200,14 @@ class TensorQueue:
             self._queue.clear()
         return items
 
-    def get(self, name):
-        return self._inflight.get(name)
+    def get(self, key):
+        """The entry in flight under (process set, name), or None."""
+        return self._inflight.get(key)
 
     def complete(self, entry, result=None, error=None):
         with self._lock:
-            if self._inflight.get(entry.name) is entry:
-                del self._inflight[entry.name]
+            if self._inflight.get(entry.key) is entry:
+                del self._inflight[entry.key]
         if error is not None:
             entry.fail(error)
         else:
@@ -177,3 +226,10 @@ class TensorQueue:
             self._queue.clear()
         self.wakeup.set()
         return entries
+
+    def close_and_fail(self, make_error, error=None, keep=()):
+        """close(), then fail every entry in flight with `error` (or
+        `make_error(entry)`), except those whose id() is in `keep`."""
+        for entry in self.close(make_error):
+            if id(entry) not in keep:
+                entry.fail(error if error is not None else make_error(entry))

@@ -65,7 +65,8 @@ def _loop_state(inflight, waiting, spin_waited):
     """A Background with just what `_timeout` reads."""
     bg = Background.__new__(Background)
     bg.queue = types.SimpleNamespace(inflight_count=lambda: inflight)
-    bg.rt = types.SimpleNamespace(handles=types.SimpleNamespace(waiting=waiting))
+    bg.handles = types.SimpleNamespace(waiting=waiting)
+    bg.executor = []
     bg.channel = types.SimpleNamespace(progress=lambda: False)
     bg.config = types.SimpleNamespace(idle_poll_interval=0.05)
     bg.controller = None

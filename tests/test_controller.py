@@ -117,17 +117,32 @@ def test_mismatched_operation_is_reported_alone():
     assert "rank 1 sent" in plan.response.error and "allgather" in plan.response.error
 
 
-def test_process_set_mismatch_fails_at_once_and_later_submitters_too():
+def test_same_name_in_two_process_sets_is_two_tensors():
+    ctl = Controller(4)
+    ctl.register_process_set(1, [0, 1])
+    ctl.register_process_set(2, [2, 3])
+    submit(ctl, 0, req("w", process_set_id=1))
+    submit(ctl, 2, req("w", process_set_id=2))
+    submit(ctl, 3, req("w", process_set_id=2))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (2, 3) and not plan.response.error
+    assert plan.response.process_set_id == 2
+    submit(ctl, 1, req("w", process_set_id=1))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (0, 1) and not plan.response.error
+
+
+def test_same_name_on_a_subset_and_the_global_set_do_not_collide():
     ctl = Controller(3)
     ctl.register_process_set(1, [0, 1])
-    submit(ctl, 0, req("p", process_set_id=1))
-    submit(ctl, 2, req("p", process_set_id=0))
+    submit(ctl, 0, req("p", process_set_id=1), req("p"))
+    submit(ctl, 2, req("p"))
+    submit(ctl, 1, req("p"))
     (plan,) = ctl.take_plans()
-    assert "Mismatched process set" in plan.response.error
-    assert plan.recipients == (0, 2)
+    assert plan.response.process_set_id == 0 and plan.recipients == (0, 1, 2)
     submit(ctl, 1, req("p", process_set_id=1))
-    (late,) = ctl.take_plans()
-    assert late.recipients == (1,) and "Mismatched process set" in late.response.error
+    (plan,) = ctl.take_plans()
+    assert plan.response.process_set_id == 1 and plan.recipients == (0, 1)
 
 
 def test_process_set_restricts_who_must_submit():
@@ -221,13 +236,13 @@ def test_joined_rank_counts_as_ready_and_gets_specs():
 
 def test_grouped_tensors_wait_for_the_whole_group():
     ctl = Controller(2)
-    g1 = req("g_1of2", group="g", group_size=2)
-    g2 = req("g_2of2", group="g", group_size=2)
+    g1 = req("g_1", group="g", group_size=2)
+    g2 = req("g_2", group="g", group_size=2)
     submit(ctl, 0, g1, g2)
     submit(ctl, 1, g1)
     assert ctl.take_plans() == []
     submit(ctl, 1, g2)
-    assert [names(p) for p in ctl.take_plans()] == [["g_1of2", "g_2of2"]]
+    assert [names(p) for p in ctl.take_plans()] == [["g_1", "g_2"]]
 
 
 def test_stall_warning_names_missing_ranks_and_expiry_fails_them():
@@ -297,3 +312,145 @@ def test_cached_requests_skip_validation_but_stay_correct():
         submit(ctl, rank, cached=[cid])
     (plan,) = ctl.take_plans()
     assert not plan.response.error and list(plan.response.cache_ids) == [cid]
+
+
+def _stalling(size, check=5, shutdown=10):
+    clock = FakeClock()
+    inspector = StallInspector(check_time=check, shutdown_time=shutdown)
+    return Controller(size, stall_inspector=inspector, clock=clock), clock
+
+
+def test_after_a_stall_each_rank_nth_submission_meets_the_others_nth():
+    ctl, clock = _stalling(2)
+    submit(ctl, 0, req("g"))  # step 1 of rank 0; rank 1 is late
+    clock.now += 11
+    ctl.inspect_stalls()
+    (failed,) = ctl.take_plans()
+    assert failed.recipients == (0,) and failed.response.error_kind == pb.STALL
+    submit(ctl, 0, req("g"))  # rank 0's step 2 opens a new negotiation
+    assert ctl.take_plans() == []
+    submit(ctl, 1, req("g"))  # rank 1's step 1: the stalled one
+    (late,) = ctl.take_plans()
+    assert late.recipients == (1,) and late.response.error_kind == pb.STALL
+    submit(ctl, 1, req("g"))  # rank 1's step 2 meets rank 0's step 2
+    (step2,) = ctl.take_plans()
+    assert step2.recipients == (0, 1) and not step2.response.error
+    assert not ctl.has_pending() and ctl.owes(1) == []
+
+
+def test_a_rank_late_again_and_again_owes_every_stalled_step_in_order():
+    ctl, clock = _stalling(2)
+    for _ in range(3):
+        submit(ctl, 0, req("g"))
+        clock.now += 11
+        ctl.inspect_stalls()
+        (failed,) = ctl.take_plans()
+        assert failed.recipients == (0,)
+    assert ctl.owes(1) == [(0, "g")]
+    for _ in range(3):
+        submit(ctl, 1, req("g"))
+        (late,) = ctl.take_plans()
+        assert late.recipients == (1,) and late.response.error_kind == pb.STALL
+    submit(ctl, 0, req("g"))
+    submit(ctl, 1, req("g"))
+    (ok,) = ctl.take_plans()
+    assert ok.recipients == (0, 1) and not ok.response.error
+
+
+def test_a_refusal_fails_the_operation_on_every_member_naming_the_rank():
+    ctl = Controller(3)
+    submit(ctl, 0, req("x", op=pb.BROADCAST, root_rank=0))
+    submit(ctl, 1, pb.Request(name="x", op=pb.BROADCAST,
+                              rejected="ValueError: invalid root rank 5"))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (0,)
+    assert plan.response.error == ("rank 1 rejected broadcast of tensor 'x': ValueError: "
+                                   "invalid root rank 5")
+    submit(ctl, 2, req("x", op=pb.BROADCAST, root_rank=0))  # its copy of the refused op
+    (late,) = ctl.take_plans()
+    assert late.recipients == (2,) and "rank 1 rejected" in late.response.error
+    for rank in range(3):  # the next one works
+        submit(ctl, rank, req("x", op=pb.BROADCAST, root_rank=0))
+    (ok,) = ctl.take_plans()
+    assert not ok.response.error and ok.recipients == (0, 1, 2)
+
+
+def test_a_refusal_before_anyone_submitted_waits_for_the_others():
+    ctl = Controller(2)
+    submit(ctl, 1, pb.Request(name="x", rejected="ValueError: bad"))
+    assert ctl.take_plans() == []
+    submit(ctl, 0, req("x"))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (0,) and "rank 1 rejected allreduce of tensor 'x'" in \
+        plan.response.error
+
+
+def test_group_size_mismatch_fails_every_member_on_every_rank():
+    ctl = Controller(3)
+    two = [req(f"g_{i}of2", group="g", group_size=2) for i in (1, 2)]
+    three = [req(f"g_{i}of3", group="g", group_size=3) for i in (1, 2, 3)]
+    submit(ctl, 0, *two)
+    submit(ctl, 1, *three)
+    plans = ctl.take_plans()
+    assert plans and all("Mismatched group size" in p.response.error for p in plans)
+    told = {(r, n) for p in plans for r in p.recipients for n in p.response.names}
+    assert told == {(0, "g_1of2"), (0, "g_2of2"), (1, "g_1of3"), (1, "g_2of3"), (1, "g_3of3")}
+    submit(ctl, 2, *two)  # rank 2 had not submitted the group: it owes it
+    late = ctl.take_plans()
+    assert sorted(n for p in late for n in p.response.names) == ["g_1of2", "g_2of2"]
+    assert all(p.recipients == (2,) for p in late)
+    for rank in range(3):  # the next group works
+        submit(ctl, rank, *two)
+    (ok,) = ctl.take_plans()
+    assert names(ok) == ["g_1of2", "g_2of2"] and not ok.response.error
+    assert not ctl.has_pending()
+
+
+def test_a_refused_group_fails_on_the_other_ranks():
+    ctl = Controller(2)
+    submit(ctl, 0, *[req(f"g_{i}", group="g", group_size=3) for i in (1, 2, 3)])
+    submit(ctl, 1, pb.Request(name="g", group="g", group_size=2,
+                              rejected="ValueError: dtype object is not supported"))
+    plans = ctl.take_plans()
+    assert sorted(n for p in plans for n in p.response.names) == ["g_1", "g_2", "g_3"]
+    assert all(p.recipients == (0,) and "rank 1 rejected grouped allreduce 'g'"
+               in p.response.error for p in plans)
+    assert not ctl.has_pending()
+
+
+def test_a_stalled_group_member_fails_the_whole_group():
+    ctl, clock = _stalling(2)
+    submit(ctl, 0, req("g_1", group="g", group_size=2), req("g_2", group="g", group_size=2))
+    submit(ctl, 1, req("g_1", group="g", group_size=2))  # g_2 never comes in time
+    clock.now += 11
+    ctl.inspect_stalls()
+    plans = ctl.take_plans()
+    told = {(r, n) for p in plans for r in p.recipients for n in p.response.names}
+    assert told == {(0, "g_1"), (1, "g_1"), (0, "g_2")}
+    assert not ctl.has_pending()
+
+
+def test_collectives_other_than_allreduce_fail_while_a_rank_has_joined():
+    ctl = Controller(2)
+    submit(ctl, 1, pb.Request(name="join", op=pb.JOIN))
+    for op in (pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL, pb.REDUCESCATTER):
+        submit(ctl, 0, req(f"t{op}", (2, 2), op=op, splits=[1, 1]))
+        (plan,) = ctl.take_plans()
+        assert plan.recipients == (0,)
+        assert "cannot run while rank 1 has joined" in plan.response.error, plan.response.error
+    submit(ctl, 0, req("a"))
+    (plan,) = ctl.take_plans()
+    assert not plan.response.error and list(plan.response.joined_ranks) == [1]
+
+
+def test_nan_scale_factors_on_every_rank_are_agreement():
+    ctl = Controller(2)
+    nan = float("nan")
+    for rank in (0, 1):
+        submit(ctl, rank, req("n", prescale=nan), req("m", prescale=nan))
+    (plan,) = ctl.take_plans()
+    assert not plan.response.error and names(plan) == ["n", "m"]
+    submit(ctl, 0, req("k", postscale=nan))
+    submit(ctl, 1, req("k", postscale=2.0))
+    (bad,) = ctl.take_plans()
+    assert "Mismatched postscale factor" in bad.response.error and "nan" in bad.response.error

@@ -34,3 +34,45 @@ def test_rank_with_uncaught_exception_ends_the_job_and_says_why():
     assert "ZeroDivisionError" in out
     assert "rank 1 is exiting after an uncaught ZeroDivisionError" in out, out
     assert "FINISHED AS IF NOTHING HAPPENED" not in out
+
+
+STOP_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5"}
+
+
+def _lines(out, prefix):
+    return [line for line in out.splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_,victim", [(2, 1), (3, 0), (3, 2)])
+def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(np_, victim):
+    """SIGSTOP while the others run a collective with it: a warning naming
+    it after the check time, StallError on every rank after the shutdown
+    time (the stopped one too, once continued), and the job ends."""
+    start = time.monotonic()
+    proc = mpirun(["tests/scripts/stopped_rank.py", "collective", str(victim), "9"],
+                  np_=np_, env=STOP_ENV, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert time.monotonic() - start < 60, out
+    assert f"rank {victim} has not answered" in out or "rank 0 (the coordinator) has not" \
+        in out, out
+    for rank in range(np_):
+        lines = _lines(out, f"RANK {rank}: StallError")
+        assert len(lines) == 1, (rank, out)
+        if rank != victim:
+            waited = float(lines[0].split(" after ")[1].split(" s")[0])
+            assert 4.0 <= waited <= 20.0, lines
+            assert f"rank {victim}" in lines[0], lines
+    assert "finished" not in out
+
+
+@pytest.mark.mpi
+def test_a_rank_stopped_between_steps_stalls_the_step_and_the_job_goes_on():
+    proc = mpirun(["tests/scripts/stopped_rank.py", "between", "1", "8"], np_=2,
+                  env=STOP_ENV, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    (line0,) = _lines(out, "RANK 0: StallError")
+    assert "rank 1 did not submit it" in line0, line0
+    assert len(_lines(out, "RANK 1: StallError")) == 1, out  # its copy of the failed step
+    assert "RANK 0: finished" in out and "RANK 1: finished" in out, out

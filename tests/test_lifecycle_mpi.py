@@ -7,7 +7,7 @@ from mpi_harness import CaseResults, case_names
 LIFECYCLE = CaseResults("tests/mpi/lifecycle_cases.py")
 STALLS = CaseResults("tests/mpi/stall_cases.py",
                      env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
-                          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"})
+                          "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}, case_timeout=120)
 
 
 @pytest.mark.mpi
@@ -21,6 +21,14 @@ def test_lifecycle(case, np_):
 @pytest.mark.parametrize("np_", [2, 3])
 def test_stalled_tensor_fails_naming_the_missing_rank(np_):
     STALLS.check("stalled_tensor_fails_on_every_rank_naming_the_missing_rank", np_)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", ["after_a_stall_every_rank_stays_in_step",
+                                  "a_rank_late_again_and_again_stays_in_step"])
+def test_after_stalls_each_ranks_nth_submission_meets_the_others_nth(case, np_):
+    STALLS.check(case, np_)
 
 
 @pytest.mark.mpi

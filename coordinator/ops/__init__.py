@@ -4,6 +4,9 @@ A backend exposes one method per operation and says which responses it can
 run (`enabled`). The manager asks each backend in turn, so a new engine (NCCL)
 or algorithm (hierarchical, 2D-torus) is one new backend placed ahead of the
 plain MPI one.
+
+Each method is a generator: it starts non-blocking calls, yields what they
+wait for and returns the results (executor.py drives it).
 """
 
 from coordinator.ops_names import device_name, op_name
@@ -23,6 +26,7 @@ class OperationManager:
         self.backends = list(backends)
 
     def run(self, response, entries, names, **kwargs):
+        """The generator that runs `response` (see the module doc)."""
         method = _METHODS[response.op]
         for backend in self.backends:
             if backend.enabled(response) and hasattr(backend, method):

@@ -40,28 +40,29 @@ def combine(a, b, segments):
 
 
 def adasum_vectors(comm, vec, segments):
-    """Runs the Adasum tree over `comm`; returns the combined vector."""
+    """Runs the Adasum tree over `comm` with non-blocking calls, yielding
+    their requests (see executor.py); returns the combined vector."""
     size, rank = comm.size, comm.rank
     p2 = 1
     while p2 * 2 <= size:
         p2 *= 2
     other = np.empty_like(vec)
     if rank >= p2:  # fold into a partner, wait for the answer
-        comm.Send(vec, dest=rank - p2, tag=TAG)
-        comm.Recv(vec, source=rank - p2, tag=TAG)
+        yield [comm.Isend(vec, dest=rank - p2, tag=TAG)]
+        yield [comm.Irecv(vec, source=rank - p2, tag=TAG)]
         return vec
     if rank + p2 < size:
-        comm.Recv(other, source=rank + p2, tag=TAG)
+        yield [comm.Irecv(other, source=rank + p2, tag=TAG)]
         vec = combine(vec, other, segments)
     distance = 1
     while distance < p2:
         partner = rank ^ distance
-        comm.Sendrecv(vec, dest=partner, sendtag=TAG, recvbuf=other, source=partner,
-                      recvtag=TAG)
+        yield [comm.Isend(vec, dest=partner, tag=TAG),
+               comm.Irecv(other, source=partner, tag=TAG)]
         vec = combine(vec, other, segments) if rank < partner else combine(other, vec, segments)
         distance *= 2
     if rank + p2 < size:
-        comm.Send(vec, dest=rank + p2, tag=TAG)
+        yield [comm.Isend(vec, dest=rank + p2, tag=TAG)]
     return vec
 
 
@@ -90,7 +91,7 @@ class AdasumOps:
             start += e.tensor.size
         if self.timeline.enabled:
             self.timeline.activity_start(names, "ADASUM")
-        vec = adasum_vectors(comm, vec, segments)
+        vec = yield from adasum_vectors(comm, vec, segments)
         if self.timeline.enabled:
             self.timeline.activity_end(names)
         outputs = [e.output if e.output is not None else np.empty(e.shape, info.dtype)

@@ -29,18 +29,19 @@ class HierarchicalAllreduce:
                 and self.cross.size > 1 and self.local.size > 1)
 
     def allreduce_inplace(self, buf, mpi_type, mpi_op, names, begin, end):
+        """A generator of non-blocking steps (see executor.py)."""
         self.calls += 1
         root = self.local_rank == 0
         begin(names, "MPI_REDUCE")
         if root:
-            self.local.Reduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op, root=0)
+            yield [self.local.Ireduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op, root=0)]
         else:
-            self.local.Reduce([buf, mpi_type], None, mpi_op, root=0)
+            yield [self.local.Ireduce([buf, mpi_type], None, mpi_op, root=0)]
         end(names)
         if root:
             begin(names, "MPI_ALLREDUCE")
-            self.cross.Allreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)
+            yield [self.cross.Iallreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)]
             end(names)
         begin(names, "MPI_BCAST")
-        self.local.Bcast([buf, mpi_type], root=0)
+        yield [self.local.Ibcast([buf, mpi_type], root=0)]
         end(names)

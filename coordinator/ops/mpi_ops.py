@@ -1,8 +1,17 @@
 """Moving bytes with MPI: the CPU backend.
 
 Each method runs one planned Response on the entries this rank holds for it,
-in the order the Response lists them, and returns one result per entry. The
-order was decided by the controller; nothing here decides anything.
+in the order the Response lists them. It is a generator (see executor.py):
+it starts non-blocking MPI calls, yields their requests, and returns one
+result per entry, so a collective in flight never blocks the background
+thread. The order was decided by the controller; nothing here decides
+anything.
+
+Counts past what MPI's int arguments hold (2**31 - 1 elements or bytes; this
+Open MPI implements MPI 3.1, without the large-count calls) are split: a
+broadcast into pieces, an allreduce into segments, an allgather into one
+broadcast per rank, an alltoall into point-to-point pieces, a reducescatter
+into an allreduce.
 """
 
 import numpy as np
@@ -11,6 +20,12 @@ from mpi4py import MPI
 from coordinator import dtypes, native
 from coordinator.fusion import as_bytes, copy_scaled, pack, scale_inplace, unpack
 from coordinator.wire import pb
+
+# The largest count one MPI call takes (its count arguments are C ints).
+INT_MAX = 2 ** 31 - 1
+# Pieces of a call that would pass INT_MAX.
+PIECE = 1 << 30
+ALLTOALL_TAG = 78
 
 
 def _same_memory(a, b):
@@ -30,6 +45,19 @@ def _displacements(counts):
     if len(counts) > 1:
         np.cumsum(counts[:-1], out=displs[1:])
     return displs
+
+
+def _fits(counts, displs=None):
+    """Whether counts (and displacements) fit MPI's int arguments."""
+    if len(counts) and int(np.max(counts)) > INT_MAX:
+        return False
+    if displs is not None and len(displs) and int(np.max(displs)) > INT_MAX:
+        return False
+    return True
+
+
+def _pieces(n, step=PIECE):
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)] or [slice(0, 0)]
 
 
 def reducescatter_rows(n, size):
@@ -63,6 +91,11 @@ class MPIOps:
                                f"{response.process_set_id}")
         return comm
 
+    def _buffer(self, response, slot, count, dtype):
+        """A fusion buffer of this response's lane (its process set): lanes
+        run side by side, so each has its own."""
+        return self.buffers.get(slot, count, dtype, lane=response.process_set_id)
+
     def _activity(self, names, activity):
         if self.timeline.enabled:
             self.timeline.activity_start(names, activity)
@@ -70,6 +103,12 @@ class MPIOps:
     def _activity_end(self, names):
         if self.timeline.enabled:
             self.timeline.activity_end(names)
+
+    def _call(self, names, activity, requests):
+        """Yields `requests` (what to wait for) inside a timeline activity."""
+        self._activity(names, activity)
+        yield requests
+        self._activity_end(names)
 
     # ----------------------------------------------------------- allreduce
     def allreduce(self, response, entries, names):
@@ -79,10 +118,9 @@ class MPIOps:
         comm = self._comm(response)
         info = dtypes.BY_WIRE[response.dtype]
         rdtype, mpi_type, mpi_op = native.reduction(info, response.reduce_op)
-        post = response.postscale
-        if response.reduce_op == pb.AVERAGE:
-            post = post / comm.size
-        reduce = (comm, self._algorithm(response), mpi_type, mpi_op, response.prescale, post)
+        divisor = comm.size if response.reduce_op == pb.AVERAGE else 1
+        reduce = (comm, self._algorithm(response), mpi_type, mpi_op, response.prescale,
+                  response.postscale, divisor)
         outputs = [e.output if e.output is not None else np.empty(e.shape, info.dtype)
                    for e in entries]
         limit = response.pack_limit
@@ -95,36 +133,36 @@ class MPIOps:
         if len(packed) == 1 and rdtype == info.dtype:
             direct.append(packed.pop())
         if packed:
-            self._reduce_packed([entries[i].tensor for i in packed],
-                                [outputs[i] for i in packed], [names[i] for i in packed],
-                                rdtype, reduce)
+            yield from self._reduce_packed(response, [entries[i].tensor for i in packed],
+                                           [outputs[i] for i in packed],
+                                           [names[i] for i in packed], rdtype, reduce)
         for i in direct:
-            self._reduce_direct(entries[i].tensor, outputs[i], [names[i]], reduce)
+            yield from self._reduce_direct(entries[i].tensor, outputs[i], [names[i]], reduce)
         return outputs
 
     def _reduce_direct(self, src, out, names, reduce):
-        comm, algorithm, mpi_type, mpi_op, pre, post = reduce
+        comm, algorithm, mpi_type, mpi_op, pre, post, divisor = reduce
         src, out = src.reshape(-1), out.reshape(-1)
         if algorithm is None and pre == 1.0 and not _same_memory(src, out):
             self._activity(names, "MPI_ALLREDUCE")
             for part in self._segments(out.nbytes, out.itemsize):
-                comm.Allreduce([src[part], mpi_type], [out[part], mpi_type], mpi_op)
+                yield [comm.Iallreduce([src[part], mpi_type], [out[part], mpi_type], mpi_op)]
             self._activity_end(names)
         else:
             if pre != 1.0 or not _same_memory(src, out):
                 copy_scaled(src, out, pre)
-            self._reduce_inplace(comm, algorithm, out, mpi_type, mpi_op, names)
-        scale_inplace(out, post)
+            yield from self._reduce_inplace(comm, algorithm, out, mpi_type, mpi_op, names)
+        scale_inplace(out, post, divisor)
 
-    def _reduce_packed(self, sources, outputs, names, rdtype, reduce):
-        comm, algorithm, mpi_type, mpi_op, pre, post = reduce
-        buf = self.buffers.get("reduce", sum(s.size for s in sources), rdtype)
+    def _reduce_packed(self, response, sources, outputs, names, rdtype, reduce):
+        comm, algorithm, mpi_type, mpi_op, pre, post, divisor = reduce
+        buf = self._buffer(response, "reduce", sum(s.size for s in sources), rdtype)
         self._activity(names, "MEMCPY_IN_FUSION_BUFFER")
         pack(sources, buf, pre)
         self._activity_end(names)
-        self._reduce_inplace(comm, algorithm, buf, mpi_type, mpi_op, names)
+        yield from self._reduce_inplace(comm, algorithm, buf, mpi_type, mpi_op, names)
         self._activity(names, "MEMCPY_OUT_FUSION_BUFFER")
-        unpack(buf, outputs, post)
+        unpack(buf, outputs, post, divisor)
         self._activity_end(names)
 
     def _algorithm(self, response):
@@ -134,11 +172,12 @@ class MPIOps:
         return None
 
     def _segments(self, nbytes, itemsize):
-        """Slices of at most `segment_bytes` covering a buffer: Open MPI reduces
-        a large buffer several times slower than the same bytes in pieces
-        (see README, Benchmarks)."""
+        """Slices of at most `segment_bytes` (and at most PIECE elements)
+        covering a buffer: Open MPI reduces a large buffer several times
+        slower than the same bytes in pieces (see README, Benchmarks)."""
         count = nbytes // itemsize
         step = max(1, self.segment_bytes // itemsize) if self.segment_bytes else count
+        step = min(step, PIECE)
         if count <= step:
             return (slice(0, count),)
         return [slice(i, min(i + step, count)) for i in range(0, count, step)]
@@ -147,11 +186,11 @@ class MPIOps:
         if algorithm is None:
             self._activity(names, "MPI_ALLREDUCE")
             for part in self._segments(buf.nbytes, buf.itemsize):
-                comm.Allreduce(MPI.IN_PLACE, [buf[part], mpi_type], mpi_op)
+                yield [comm.Iallreduce(MPI.IN_PLACE, [buf[part], mpi_type], mpi_op)]
             self._activity_end(names)
         else:
-            algorithm.allreduce_inplace(buf, mpi_type, mpi_op, names, self._activity,
-                                        self._activity_end)
+            yield from algorithm.allreduce_inplace(buf, mpi_type, mpi_op, names,
+                                                   self._activity, self._activity_end)
 
     # ----------------------------------------------------------- allgather
     def allgather(self, response, entries, names):
@@ -166,23 +205,19 @@ class MPIOps:
                    for i, e in enumerate(entries)]
         if len(entries) == 1:
             counts = rows[0] * row_bytes[0]
-            self._activity(names, "MPI_ALLGATHER")
-            comm.Allgatherv([as_bytes(entries[0].tensor), MPI.BYTE],
-                            [as_bytes(outputs[0]), (counts, _displacements(counts)), MPI.BYTE])
-            self._activity_end(names)
+            yield from self._allgatherv(comm, as_bytes(entries[0].tensor),
+                                        as_bytes(outputs[0]), counts, names)
             return outputs
         # Fused: rank r's block holds its rows of every tensor, in order.
         seg = rows * np.asarray(row_bytes, dtype=np.int64)[:, None]  # tensor x rank bytes
         counts = seg.sum(axis=0)
         displs = _displacements(counts)
-        send = self.buffers.get("send", int(counts[me]), np.uint8)
-        recv = self.buffers.get("recv", int(counts.sum()), np.uint8)
+        send = self._buffer(response, "send", int(counts[me]), np.uint8)
+        recv = self._buffer(response, "recv", int(counts.sum()), np.uint8)
         self._activity(names, "MEMCPY_IN_FUSION_BUFFER")
         pack([as_bytes(e.tensor) for e in entries], send)
         self._activity_end(names)
-        self._activity(names, "MPI_ALLGATHER")
-        comm.Allgatherv([send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
-        self._activity_end(names)
+        yield from self._allgatherv(comm, send, recv, counts, names)
         self._activity(names, "MEMCPY_OUT_FUSION_BUFFER")
         for i, out in enumerate(outputs):
             dst = as_bytes(out)
@@ -195,6 +230,24 @@ class MPIOps:
         self._activity_end(names)
         return outputs
 
+    def _allgatherv(self, comm, send, recv, counts, names):
+        """Gathers each rank's `counts[r]` bytes into `recv`, in rank order."""
+        displs = _displacements(counts)
+        if _fits(counts, displs) and int(counts.sum()) <= INT_MAX:
+            yield from self._call(names, "MPI_ALLGATHER", [comm.Iallgatherv(
+                [send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])])
+            return
+        # Past MPI's int counts: each rank broadcasts its block, in pieces.
+        me = comm.rank
+        start = int(displs[me])
+        recv[start:start + int(counts[me])] = send[:int(counts[me])]
+        self._activity(names, "MPI_ALLGATHER")
+        for root in range(comm.size):
+            block = recv[int(displs[root]):int(displs[root] + counts[root])]
+            for part in _pieces(block.size):
+                yield [comm.Ibcast([block[part], MPI.BYTE], root=root)]
+        self._activity_end(names)
+
     # ----------------------------------------------------------- broadcast
     def broadcast(self, response, entries, names, root):
         comm = self._comm(response)
@@ -205,23 +258,25 @@ class MPIOps:
             src, out = entries[0].tensor, outputs[0]
             if is_root and not _same_memory(src, out):
                 np.copyto(out, src)
-            self._activity(names, "MPI_BCAST")
-            comm.Bcast([as_bytes(out), MPI.BYTE], root=root)
-            self._activity_end(names)
+            yield from self._bcast(comm, as_bytes(out), root, names)
             return outputs
         total = sum(o.nbytes for o in outputs)
-        buf = self.buffers.get("send", total, np.uint8)
+        buf = self._buffer(response, "send", total, np.uint8)
         if is_root:
             self._activity(names, "MEMCPY_IN_FUSION_BUFFER")
             pack([as_bytes(e.tensor) for e in entries], buf)
             self._activity_end(names)
-        self._activity(names, "MPI_BCAST")
-        comm.Bcast([buf, MPI.BYTE], root=root)
-        self._activity_end(names)
+        yield from self._bcast(comm, buf, root, names)
         self._activity(names, "MEMCPY_OUT_FUSION_BUFFER")
         unpack(buf, [as_bytes(o) for o in outputs])
         self._activity_end(names)
         return outputs
+
+    def _bcast(self, comm, buf, root, names):
+        self._activity(names, "MPI_BCAST")
+        for part in _pieces(buf.size):
+            yield [comm.Ibcast([buf[part], MPI.BYTE], root=root)]
+        self._activity_end(names)
 
     # ------------------------------------------------------------ alltoall
     def alltoall(self, response, entries, names):
@@ -235,9 +290,26 @@ class MPIOps:
         recv_rows = splits[:, me].copy()
         recv_counts = recv_rows * row_bytes
         out = np.empty((int(recv_rows.sum()),) + tuple(e.shape[1:]), info.dtype)
+        send, recv = as_bytes(e.tensor), as_bytes(out)
+        send_displs, recv_displs = _displacements(send_counts), _displacements(recv_counts)
         self._activity(names, "MPI_ALLTOALL")
-        comm.Alltoallv([as_bytes(e.tensor), (send_counts, _displacements(send_counts)), MPI.BYTE],
-                       [as_bytes(out), (recv_counts, _displacements(recv_counts)), MPI.BYTE])
+        if (_fits(send_counts, send_displs) and _fits(recv_counts, recv_displs)
+                and int(send_counts.sum()) <= INT_MAX and int(recv_counts.sum()) <= INT_MAX):
+            yield [comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
+                                   [recv, (recv_counts, recv_displs), MPI.BYTE])]
+        else:  # past MPI's int counts: point-to-point, in pieces
+            requests = []
+            for peer in range(size):
+                src = send[int(send_displs[peer]):int(send_displs[peer] + send_counts[peer])]
+                dst = recv[int(recv_displs[peer]):int(recv_displs[peer] + recv_counts[peer])]
+                if peer == me:
+                    dst[:] = src
+                    continue
+                for part in _pieces(dst.size):
+                    requests.append(comm.Irecv([dst[part], MPI.BYTE], peer, ALLTOALL_TAG))
+                for part in _pieces(src.size):
+                    requests.append(comm.Isend([src[part], MPI.BYTE], peer, ALLTOALL_TAG))
+            yield requests
         self._activity_end(names)
         return [(out, recv_rows)]
 
@@ -247,9 +319,7 @@ class MPIOps:
         size, me = comm.size, comm.rank
         info = dtypes.BY_WIRE[response.dtype]
         rdtype, mpi_type, mpi_op = native.reduction(info, response.reduce_op)
-        post = response.postscale
-        if response.reduce_op == pb.AVERAGE:
-            post = post / size
+        divisor = size if response.reduce_op == pb.AVERAGE else 1
         rows = [reducescatter_rows(e.shape[0], size) for e in entries]
         row_elems = [_row_elems(e.shape) for e in entries]
         outputs = [np.empty((rows[i][me],) + tuple(e.shape[1:]), info.dtype)
@@ -258,8 +328,8 @@ class MPIOps:
         counts = np.array([sum(rows[i][r] * row_elems[i] for i in range(len(entries)))
                            for r in range(size)], dtype=np.int64)
         total = int(counts.sum())
-        send = self.buffers.get("send", total, rdtype)
-        recv = self.buffers.get("recv", int(counts[me]), rdtype)
+        send = self._buffer(response, "send", total, rdtype)
+        recv = self._buffer(response, "recv", int(counts[me]), rdtype)
         self._activity(names, "MEMCPY_IN_FUSION_BUFFER")
         offset = 0
         starts = [0] * len(entries)
@@ -272,10 +342,14 @@ class MPIOps:
                 starts[i] += n
                 offset += n
         self._activity_end(names)
-        self._activity(names, "MPI_REDUCESCATTER")
-        comm.Reduce_scatter([send, mpi_type], [recv, mpi_type], counts, mpi_op)
-        self._activity_end(names)
+        if _fits(counts):
+            yield from self._call(names, "MPI_REDUCESCATTER", [comm.Ireduce_scatter(
+                [send, mpi_type], [recv, mpi_type], counts, mpi_op)])
+        else:  # past MPI's int counts: reduce everything, keep this rank's share
+            yield from self._reduce_inplace(comm, None, send, mpi_type, mpi_op, names)
+            start = int(counts[:me].sum())
+            recv[:] = send[start:start + int(counts[me])]
         self._activity(names, "MEMCPY_OUT_FUSION_BUFFER")
-        unpack(recv, outputs, post)
+        unpack(recv, outputs, response.postscale, divisor)
         self._activity_end(names)
         return outputs

@@ -37,17 +37,18 @@ class TorusAllreduce:
                 and self.homogeneous and self.row.size > 1 and self.column.size > 1)
 
     def allreduce_inplace(self, buf, mpi_type, mpi_op, names, begin, end):
+        """A generator of non-blocking steps (see executor.py)."""
         counts = np.array(shares(buf.size, self.row.size), dtype=np.int64)
         displs = np.zeros_like(counts)
         np.cumsum(counts[:-1], out=displs[1:])
         self.calls += 1
         part = np.empty(counts[self.row.rank], buf.dtype)
         begin(names, "MPI_REDUCESCATTER")
-        self.row.Reduce_scatter([buf, mpi_type], [part, mpi_type], counts, mpi_op)
+        yield [self.row.Ireduce_scatter([buf, mpi_type], [part, mpi_type], counts, mpi_op)]
         end(names)
         begin(names, "MPI_ALLREDUCE")
-        self.column.Allreduce(MPI.IN_PLACE, [part, mpi_type], mpi_op)
+        yield [self.column.Iallreduce(MPI.IN_PLACE, [part, mpi_type], mpi_op)]
         end(names)
         begin(names, "MPI_ALLGATHER")
-        self.row.Allgatherv([part, mpi_type], [buf, (counts, displs), mpi_type])
+        yield [self.row.Iallgatherv([part, mpi_type], [buf, (counts, displs), mpi_type])]
         end(names)

@@ -468,24 +468,6 @@ def case_16_bit_floats_round_once_per_reduction_step(hvd):
         assert scaled.dtype == np.dtype(dtype)
 
 
-def case_joined_rank_takes_part_in_gather_broadcast_and_reducescatter(hvd):
-    """Beyond Horovod (which refuses these while a rank has joined): the
-    joined rank contributes no rows to allgather, receives broadcasts, and
-    contributes zeros to reducescatter."""
-    n, me = hvd.size(), hvd.rank()
-    last = n - 1
-    if me == last:
-        hvd.join()
-        return
-    gathered = hvd.allgather(np.full((2, 1), me, np.int32), name="jg")
-    assert_equal(gathered, np.repeat(np.arange(last, dtype=np.int32), 2)[:, None])
-    out = hvd.broadcast(np.full(3, me, np.float32), root_rank=0, name="jb")
-    assert_equal(out, np.zeros(3, np.float32))
-    rs = hvd.reducescatter(np.ones((n, 2)), op=hvd.Sum, name="jrs")
-    assert_equal(rs, np.full((1, 2), float(n - 1)))
-    hvd.join()
-
-
 def case_large_and_packed_tensors_in_one_response(hvd):
     """Tensors above the pack limit are reduced in place, below it through the
     fusion buffer, and buffers above the segment size in several calls; the

@@ -36,6 +36,8 @@ def case_shutdown_by_one_rank_fails_the_others_pending_ops(hvd):
         assert f"rank {last} called shutdown()" in str(exc), str(exc)
         assert "'orphan'" in str(exc)
         exc = expect_raises(hvd.HorovodInternalError, hvd.allreduce, np.ones(2), name="x")
+        # The truth: another rank shut the coordinator down.
+        assert not hvd.is_initialized()
         hvd.shutdown()
     hvd.init()
     assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="revived"),

@@ -24,3 +24,44 @@ def case_stalled_tensor_fails_on_every_rank_naming_the_missing_rank(hvd):
     assert "'stalled'" in str(exc)
     assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.stall"),
                  np.full(2, float(hvd.size())))
+
+
+def _steps_in_step(hvd, late_steps, nap, steps=30, name="g"):
+    """Every rank allreduces `name` (Sum) once per step, catching errors;
+    the last rank sleeps `nap` seconds before the steps in `late_steps`.
+    Returns {step: result or the error}."""
+    me, n = hvd.rank(), hvd.size()
+    last = n - 1
+    outcome = {}
+    for step in range(steps):
+        if me == last and step in late_steps:
+            time.sleep(nap)
+        try:
+            outcome[step] = hvd.allreduce(np.full(4, (step + 1) * (me + 1.0)), op=hvd.Sum,
+                                          name=name)
+        except hvd.StallError as exc:
+            outcome[step] = exc
+    return outcome
+
+
+def _check_in_step(hvd, outcome, late_steps):
+    n = hvd.size()
+    total = n * (n + 1) / 2
+    for step, got in outcome.items():
+        if step in late_steps:
+            assert isinstance(got, hvd.StallError), (step, got)
+            assert f"rank {n - 1} did not submit it" in str(got), str(got)
+        else:
+            # Never another step's data: this rank's Nth with the others' Nth.
+            assert not isinstance(got, Exception), (step, got)
+            assert_equal(got, np.full(4, (step + 1) * total), f"step {step}")
+
+
+def case_after_a_stall_every_rank_stays_in_step(hvd):
+    late = {3}
+    _check_in_step(hvd, _steps_in_step(hvd, late, nap=5.0, name="g.once"), late)
+
+
+def case_a_rank_late_again_and_again_stays_in_step(hvd):
+    late = {2, 5, 6}
+    _check_in_step(hvd, _steps_in_step(hvd, late, nap=3.6, steps=10, name="g.often"), late)

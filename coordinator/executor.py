@@ -1,0 +1,131 @@
+"""Operations in flight: started by the background thread, completed later.
+
+A backend runs a response as a generator: it starts non-blocking calls and
+yields what they must wait for (a list of MPI requests, or anything with a
+`ready()` method, such as a device event), and returns one result per entry.
+The executor drives these generators without ever blocking: `progress()`
+tests what each operation waits for and resumes those that can go on. So
+the background thread stays free to negotiate, inspect stalls and answer its
+peers while a collective is in flight, and a stopped peer shows up as a
+stall instead of a hang.
+
+Operations are kept in lanes, one per communicator (process set): MPI needs
+the collectives of one communicator started in the same order on every
+member, so a lane runs its operations one after the other; lanes run side
+by side.
+"""
+
+import collections
+import time
+
+from mpi4py import MPI
+
+
+def _ready(waitable):
+    if not waitable:
+        return True
+    if isinstance(waitable, list):
+        return MPI.Request.Testall(waitable)
+    return waitable.ready()
+
+
+class Operation:
+    """One response being run: its entries, names and backend generator."""
+
+    __slots__ = ("response", "entries", "names", "lane", "started", "steps", "_gen",
+                 "_waiting", "results", "error", "traced")
+
+    def __init__(self, response, entries, names, lane, gen, traced=False):
+        self.response = response
+        self.entries = entries
+        self.names = names
+        self.lane = lane
+        self._gen = gen
+        self._waiting = None
+        self.started = None
+        self.steps = 0
+        self.results = None
+        self.error = None
+        self.traced = traced
+
+    def advance(self):
+        """Runs the operation as far as it can go without waiting; True once
+        it has finished (with `results` or `error`)."""
+        try:
+            if self.started is None:
+                self.started = time.monotonic()
+                self._waiting = next(self._gen)
+            while _ready(self._waiting):
+                self.steps += 1
+                self._waiting = self._gen.send(None)
+        except StopIteration as stop:
+            self.results = stop.value
+            return True
+        except Exception as exc:  # a failed call fails this operation only
+            self.error = exc
+            return True
+        return False
+
+
+class Executor:
+    # Tests per progress() call while nothing completes: a burst keeps a
+    # collective's rounds moving without a full loop turn between them.
+    BURST = 8
+
+    def __init__(self):
+        self._lanes = collections.OrderedDict()  # lane -> deque of Operation
+        # Operations given up on (a peer stopped answering): MPI may still
+        # write into their buffers, so they are kept until the process ends.
+        self._abandoned = []
+
+    def __bool__(self):
+        return bool(self._lanes)
+
+    def __len__(self):
+        return sum(len(q) for q in self._lanes.values())
+
+    def start(self, op):
+        """Queues `op` behind its lane and runs it as far as it goes; returns
+        the operations that finished now (possibly `op` itself)."""
+        lane = self._lanes.get(op.lane)
+        if lane is None:
+            lane = self._lanes[op.lane] = collections.deque()
+        lane.append(op)
+        if len(lane) == 1:
+            return self._drive(op.lane, lane)
+        return []
+
+    def progress(self):
+        """Operations that finished since the last call, in the order they did."""
+        done = []
+        for _ in range(self.BURST):
+            for key in list(self._lanes):
+                done.extend(self._drive(key, self._lanes[key]))
+            if done or not self._lanes:
+                break
+        return done
+
+    def _drive(self, key, lane):
+        done = []
+        while lane and lane[0].advance():
+            done.append(lane.popleft())
+        if not lane:
+            del self._lanes[key]
+        return done
+
+    def in_flight(self):
+        """Every operation not yet finished (the head of each lane first)."""
+        return [op for lane in self._lanes.values() for op in lane]
+
+    def oldest(self):
+        """The first started operation still in flight, or None."""
+        heads = [lane[0] for lane in self._lanes.values() if lane[0].started is not None]
+        return min(heads, key=lambda op: op.started) if heads else None
+
+    def abandon(self):
+        """Stops driving every operation and returns them; their requests are
+        never completed, and their buffers stay referenced."""
+        ops = self.in_flight()
+        self._lanes.clear()
+        self._abandoned.extend(ops)
+        return ops

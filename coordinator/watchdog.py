@@ -1,0 +1,221 @@
+"""The watchdog: a rank that stops answering while work involving it is in
+flight.
+
+The stall inspector sees tensors that some ranks never submitted. It cannot
+see a rank that submitted and then stopped (SIGSTOP, a debugger, a frozen
+driver call) while the collective was in flight: the other members simply
+wait for it. The watchdog closes that gap, with messages only while
+something is in flight (an idle job sends nothing):
+
+- A worker with work in flight for longer than `period` reports to rank 0
+  every `period`, listing its collectives in flight for that long; rank 0
+  answers every report.
+- Rank 0, while a collective (its own, or one a worker reported) has been in
+  flight for longer than `period`, pings the members of its process set it
+  has not heard from within `period`. Every rank answers a ping at once,
+  whatever it is doing.
+- A member that leaves pings unanswered for `check_time` is named in a
+  warning; after `shutdown_time` the job fails with a StallError on every
+  rank that can still hear rank 0.
+- A worker whose reports rank 0 leaves unanswered for those times warns, then
+  fails, naming rank 0.
+
+`period` is a quarter of the shorter of the two times, at most 1 s. The
+classes here are plain Python with an injectable clock; background.py sends
+and receives the messages.
+"""
+
+import time
+
+from coordinator.ops_names import format_ranks, op_name
+
+MAX_PERIOD = 1.0
+MIN_PERIOD = 0.05
+
+
+def watch_period(check_time, shutdown_time, disabled=False):
+    """Seconds between reports and pings, or None when stall checks are off."""
+    times = [t for t in (check_time, shutdown_time) if t > 0]
+    if disabled or not times:
+        return None
+    return max(MIN_PERIOD, min(MAX_PERIOD, min(times) / 4))
+
+
+def _what(pset, name, op):
+    where = f" in process set {pset}" if pset else ""
+    return f"{op_name(op)} of tensor '{name}'{where}"
+
+
+class InFlightOp:
+    """A collective some rank has had in flight since `started`."""
+
+    __slots__ = ("process_set_id", "name", "op", "started", "ranks")
+
+    def __init__(self, process_set_id, name, op, started, ranks=()):
+        self.process_set_id = process_set_id
+        self.name = name
+        self.op = op
+        self.started = started
+        self.ranks = set(ranks)  # ranks known to be running it
+
+    def describe(self):
+        return _what(self.process_set_id, self.name, self.op)
+
+
+class Watchdog:
+    """Rank 0's side: which members of in-flight collectives stopped answering."""
+
+    def __init__(self, rank, check_time, shutdown_time, disabled=False, clock=time.monotonic):
+        self.rank = rank
+        self.check_time = check_time
+        self.shutdown_time = shutdown_time
+        self.period = watch_period(check_time, shutdown_time, disabled)
+        self.clock = clock
+        self._heard = {}  # rank -> when rank 0 last heard from it
+        self._silent_since = {}  # rank -> first ping it has not answered
+        self._pinged = {}  # rank -> last ping
+        self._reports = {}  # rank -> (when, [(pset, name, op, seconds in flight)])
+        self._warned = {}  # rank -> last warning about it
+
+    @property
+    def enabled(self):
+        return self.period is not None
+
+    def heard(self, rank, now=None):
+        now = self.clock() if now is None else now
+        self._heard[rank] = now
+        self._silent_since.pop(rank, None)
+
+    def report(self, rank, items, now=None):
+        """`rank`'s collectives in flight for a while: (process set, name, op,
+        seconds) each; replaces its previous report."""
+        now = self.clock() if now is None else now
+        self.heard(rank, now)
+        if items:
+            self._reports[rank] = (now, list(items))
+        else:
+            self._reports.pop(rank, None)
+
+    def _long_ops(self, now, own):
+        ops = {}
+        for pset, name, op, started in own:
+            if now - started >= self.period:
+                ops.setdefault((pset, name), InFlightOp(pset, name, op, started)).ranks.add(
+                    self.rank)
+        for rank, (when, items) in list(self._reports.items()):
+            if now - when > 3 * self.period:  # no report since: it finished them
+                del self._reports[rank]
+                continue
+            for pset, name, op, seconds in items:
+                started = when - seconds
+                item = ops.setdefault((pset, name), InFlightOp(pset, name, op, started))
+                item.started = min(item.started, started)
+                item.ranks.add(rank)
+        return [op for op in ops.values() if now - op.started >= self.period]
+
+    def inspect(self, own, members_of, now=None):
+        """Looks at the collectives in flight: `own` lists rank 0's as
+        (process set, name, op, start time); `members_of(pset)` gives a set's
+        ranks. Returns (ranks to ping now, warning texts, fatal text or
+        None)."""
+        now = self.clock() if now is None else now
+        pings, suspects = set(), {}
+        if not self.enabled:
+            return pings, [], None
+        for op in self._long_ops(now, own):
+            for member in members_of(op.process_set_id) or ():
+                if member == self.rank or now - self._heard.get(member, -1e18) < self.period:
+                    continue
+                if now - self._pinged.get(member, -1e18) >= self.period:
+                    pings.add(member)
+                    self._pinged[member] = now
+                silent = now - self._silent_since.setdefault(member, now)
+                suspects.setdefault(member, []).append((op, silent))
+        warnings, fatal = [], None
+        for rank, items in sorted(suspects.items()):
+            op, silent = max(items, key=lambda item: now - item[0].started)
+            text = self._text(rank, op, silent, now)
+            if self.shutdown_time > 0 and silent >= self.shutdown_time:
+                fatal = fatal or (f"Stalled {text}; failed after the stall shutdown time of "
+                                  f"{self.shutdown_time:g} s "
+                                  "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+            elif self.check_time > 0 and silent >= self.check_time:
+                last = self._warned.get(rank)
+                if last is None or now - last >= self.check_time:
+                    self._warned[rank] = now
+                    warnings.append(text)
+        return pings, warnings, fatal
+
+    @staticmethod
+    def _text(rank, op, silent, now):
+        return (f"{op.describe()}: rank {rank} has not answered for {silent:.1f} s while "
+                f"it was in flight for {now - op.started:.1f} s on "
+                f"{format_ranks(op.ranks)} (rank {rank} is stopped, or its coordinator "
+                "thread cannot run)")
+
+
+class CoordinatorWatch:
+    """A worker's side: reports while busy, and notices rank 0 going silent."""
+
+    def __init__(self, check_time, shutdown_time, disabled=False, clock=time.monotonic):
+        self.check_time = check_time
+        self.shutdown_time = shutdown_time
+        self.period = watch_period(check_time, shutdown_time, disabled)
+        self.clock = clock
+        self._busy_since = None
+        self._last_report = None
+        self._unanswered_since = None
+        self._warned = None
+        self.reported_ops = False  # the last report listed collectives
+
+    @property
+    def enabled(self):
+        return self.period is not None
+
+    def heard(self):
+        """Rank 0 sent something: it is alive."""
+        self._unanswered_since = None
+
+    def report_due(self, busy, now=None):
+        """True when a report should go to rank 0 now. `busy`: this rank has
+        work in flight."""
+        if not self.enabled:
+            return False
+        now = self.clock() if now is None else now
+        if not busy:
+            self._busy_since = None
+            self._unanswered_since = None
+            return self.reported_ops  # one empty report clears rank 0's view
+        if self._busy_since is None:
+            self._busy_since = now
+        if now - self._busy_since < self.period:
+            return False
+        return self._last_report is None or now - self._last_report >= self.period
+
+    def sent_report(self, listed_ops, now=None):
+        now = self.clock() if now is None else now
+        self._last_report = now
+        self.reported_ops = bool(listed_ops)
+        if self._unanswered_since is None:
+            self._unanswered_since = now
+
+    def inspect(self, waiting_for, now=None):
+        """(warning text or None, fatal text or None) about rank 0 not
+        answering; `waiting_for` describes this rank's oldest work."""
+        if not self.enabled or self._unanswered_since is None:
+            return None, None
+        now = self.clock() if now is None else now
+        silent = now - self._unanswered_since
+        if silent < self.period:
+            return None, None
+        text = (f"rank 0 (the coordinator) has not answered for {silent:.1f} s while "
+                f"{waiting_for} was in flight (rank 0 is stopped, or its coordinator thread "
+                "cannot run)")
+        if self.shutdown_time > 0 and silent >= self.shutdown_time:
+            return None, (f"Stalled: {text}; failed after the stall shutdown time of "
+                          f"{self.shutdown_time:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+        if self.check_time > 0 and silent >= self.check_time:
+            if self._warned is None or now - self._warned >= self.check_time:
+                self._warned = now
+                return text, None
+        return None, None

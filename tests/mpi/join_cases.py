@@ -1,0 +1,104 @@
+"""join(), as Horovod 0.28.1 defines it (run by tests/test_join_mpi.py).
+
+A joined rank takes part in the other ranks' allreduces with zeros (Average
+still divides by the whole set); every other collective raises on every rank
+that calls it while a rank has joined. Each case runs with every rank in turn
+joining first, then goes on with more collectives in the same process.
+"""
+
+import numpy as np
+
+from core_cases import BF16, REDUCE_DTYPES, assert_equal, data, expect_raises
+
+SHAPES = [(), (3,), (2, 3), (2, 1, 2)]
+
+
+def _refused(hvd, fn, *args, **kwargs):
+    exc = expect_raises(hvd.HorovodInternalError, fn, *args, **kwargs)
+    return str(exc)
+
+
+def case_collectives_other_than_allreduce_raise_while_a_rank_has_joined(hvd):
+    n, me = hvd.size(), hvd.rank()
+    for joiner in range(n):
+        if me == joiner:
+            last = hvd.join()
+        else:
+            root = min(r for r in range(n) if r != joiner)
+            calls = [
+                ("allgather", lambda: hvd.allgather(np.ones((2, 1)), name="j.gather")),
+                ("broadcast", lambda: hvd.broadcast(np.ones(3), root_rank=root,
+                                                    name="j.bcast")),
+                ("alltoall", lambda: hvd.alltoall(np.ones(n), name="j.a2a")),
+                ("reducescatter", lambda: hvd.reducescatter(np.ones((n, 2)), name="j.rs")),
+                ("grouped_allgather", lambda: hvd.grouped_allgather(
+                    [np.ones((1, 2)), np.ones((2, 2))], name="j.ggather")),
+            ]
+            for what, call in calls:
+                text = _refused(hvd, call)
+                assert f"rank {joiner} has joined" in text, (what, text)
+            # Allreduce still works, with zeros from the joined rank.
+            out = hvd.allreduce(np.full(2, me + 1.0), op=hvd.Sum, name="j.sum")
+            assert_equal(out, np.full(2, sum(r + 1.0 for r in range(n) if r != joiner)))
+            last = hvd.join()
+        assert last in range(n)
+        # Everyone is back: the same names and others work again.
+        gathered = hvd.allgather(np.full((1,), me, np.int32), name="j.gather")
+        assert_equal(gathered, np.arange(n, dtype=np.int32))
+        b = hvd.broadcast(np.full(2, me, np.int64), root_rank=joiner, name="j.after")
+        assert_equal(b, np.full(2, joiner, np.int64))
+        rs = hvd.reducescatter(np.ones((n, 2)), op=hvd.Sum, name="j.rs")
+        assert_equal(rs, np.full((1, 2), float(n)))
+
+
+def _reduce_dtypes():
+    return REDUCE_DTYPES + ([BF16] if BF16 is not None else [])
+
+
+def _expected(dtype, shape, op, joiner, n, seed):
+    total = sum(data(r, shape, dtype, seed).astype(np.float64)
+                for r in range(n) if r != joiner)
+    if op == "avg":
+        total = total / n
+        if np.dtype(dtype).kind in "iu":
+            total = np.trunc(total)
+    return np.asarray(total).astype(dtype)
+
+
+def case_join_with_cached_names_every_dtype_dimension_and_op(hvd):
+    """Both ranks reduce `a` and `b` once (so the names are cached); then one
+    rank joins while the others reduce them again: the joined rank
+    contributes zeros and Average divides by the set size."""
+    n, me = hvd.size(), hvd.rank()
+    ops = {"sum": hvd.Sum, "avg": hvd.Average}
+    seed = 0
+    for joiner in range(n):
+        for dtype in _reduce_dtypes():
+            for shape in SHAPES:
+                for op_a, op_b in (("sum", "avg"), ("avg", "sum"), ("sum", "sum")):
+                    seed += 2
+                    a = data(me, shape, dtype, seed)
+                    b = data(me, shape, dtype, seed + 1)
+                    what = f"joiner {joiner} {np.dtype(dtype)} {shape} {op_a}/{op_b}"
+                    # Warm the cache: every rank reduces both.
+                    ha = hvd.allreduce_async(a, op=ops[op_a], name="c.a")
+                    hb = hvd.allreduce_async(b, op=ops[op_b], name="c.b")
+                    hvd.synchronize(ha)
+                    hvd.synchronize(hb)
+                    if me == joiner:
+                        hvd.join()
+                        continue
+                    ha = hvd.allreduce_async(a, op=ops[op_a], name="c.a")
+                    hb = hvd.allreduce_async(b, op=ops[op_b], name="c.b")
+                    ra, rb = hvd.synchronize(ha), hvd.synchronize(hb)
+                    _close(ra, _expected(dtype, shape, op_a, joiner, n, seed), what + " a")
+                    _close(rb, _expected(dtype, shape, op_b, joiner, n, seed + 1), what + " b")
+                    hvd.join()
+
+
+def _close(actual, expected, what):
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
+    tol = 0.02 if actual.dtype in (np.float16, BF16) else 1e-6
+    np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64),
+                               rtol=tol, atol=tol, err_msg=what)

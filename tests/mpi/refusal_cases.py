@@ -1,0 +1,103 @@
+"""Input refused on one rank only (run by tests/test_refusals_mpi.py, with
+the stall shutdown time left at its default, never): the rank that called
+gets a ValueError at once, and every other member's copy of the operation
+fails promptly, naming that rank and its reason. The job goes on."""
+
+import time
+
+import numpy as np
+
+from core_cases import assert_equal, expect_raises
+
+PROMPT = 10.0  # seconds: far below any stall time, far above a slow machine
+
+
+def _others_fail(hvd, fn, *fragments):
+    start = time.monotonic()
+    exc = expect_raises(hvd.HorovodInternalError, fn)
+    assert time.monotonic() - start < PROMPT
+    for fragment in fragments:
+        assert fragment in str(exc), (fragment, str(exc))
+    return exc
+
+
+def _then_the_job_goes_on(hvd, name):
+    out = hvd.allreduce(np.ones(3), op=hvd.Sum, name=name)
+    assert_equal(out, np.full(3, float(hvd.size())))
+
+
+def case_an_invalid_root_on_one_rank_fails_the_broadcast_everywhere(hvd):
+    me = hvd.rank()
+    if me == 1:
+        exc = expect_raises(ValueError, hvd.broadcast, np.ones(2), root_rank=5, name="b")
+        assert "invalid root rank 5" in str(exc)
+    else:
+        _others_fail(hvd, lambda: hvd.broadcast(np.ones(2), root_rank=0, name="b"),
+                     "rank 1 rejected broadcast of tensor 'b'", "ValueError",
+                     "invalid root rank 5")
+    _then_the_job_goes_on(hvd, "after.b")
+    # The name works again, on every rank.
+    out = hvd.broadcast(np.full(2, float(me)), root_rank=0, name="b")
+    assert_equal(out, np.zeros(2))
+
+
+def case_bad_alltoall_splits_on_one_rank_fail_it_everywhere(hvd):
+    n, me = hvd.size(), hvd.rank()
+    if me == n - 1:
+        time.sleep(0.3)  # the others have submitted already
+        expect_raises(ValueError, hvd.alltoall, np.ones(n), splits=[5] * n, name="a")
+    else:
+        _others_fail(hvd, lambda: hvd.alltoall(np.ones(n), name="a"),
+                     f"rank {n - 1} rejected alltoall of tensor 'a'", "splits")
+    _then_the_job_goes_on(hvd, "after.a")
+
+
+def case_an_unsupported_dtype_on_one_rank_fails_it_everywhere(hvd):
+    me = hvd.rank()
+    if me == 0:
+        expect_raises(ValueError, hvd.allreduce, np.ones(2, np.complex64), name="d")
+    else:
+        time.sleep(0.3)  # rank 0 refused before these submit
+        _others_fail(hvd, lambda: hvd.allreduce(np.ones(2), name="d"),
+                     "rank 0 rejected allreduce of tensor 'd'", "complex64")
+    _then_the_job_goes_on(hvd, "after.d")
+
+
+def case_a_grouped_allreduce_of_different_sizes_fails_on_every_rank(hvd):
+    me = hvd.rank()
+    count = 2 if me == 0 else 3
+    exc = expect_raises(hvd.HorovodInternalError, hvd.grouped_allreduce,
+                        [np.ones(2)] * count, name="grp")
+    assert "Mismatched group size" in str(exc) and "'grp'" in str(exc), str(exc)
+    assert "rank 0 sent group size 2" in str(exc), str(exc)
+    _then_the_job_goes_on(hvd, "after.grp")
+    out = hvd.grouped_allreduce([np.ones(2)] * 2, op=hvd.Sum, name="grp")
+    assert_equal(out[1], np.full(2, float(hvd.size())))
+
+
+def case_a_refused_group_member_fails_the_group_everywhere(hvd):
+    me = hvd.rank()
+    if me == 1:
+        expect_raises(ValueError, hvd.grouped_allreduce,
+                      [np.ones(2), np.ones(2, np.complex128)], name="g2")
+    else:
+        _others_fail(hvd, lambda: hvd.grouped_allreduce([np.ones(2), np.ones(2)], name="g2"),
+                     "rank 1 rejected grouped allreduce 'g2'")
+    _then_the_job_goes_on(hvd, "after.g2")
+
+
+def case_a_name_that_cannot_be_encoded_is_refused_and_the_coordinator_lives(hvd):
+    exc = expect_raises(ValueError, hvd.allreduce, np.ones(2), name="x\udc80")
+    assert "UTF-8" in str(exc)
+    _then_the_job_goes_on(hvd, "after.encoding")
+    assert hvd.is_initialized()
+
+
+def case_nan_scale_factors_on_every_rank_agree(hvd):
+    nan = float("nan")
+    out = hvd.allreduce(np.ones(2), op=hvd.Sum, prescale_factor=nan, name="nan.pre")
+    assert np.isnan(out).all()
+    outs = hvd.grouped_allreduce([np.ones(2), np.ones(3)], op=hvd.Sum, postscale_factor=nan,
+                                 name="nan.post")
+    assert all(np.isnan(o).all() for o in outs)
+    _then_the_job_goes_on(hvd, "after.nan")

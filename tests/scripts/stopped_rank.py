@@ -1,0 +1,81 @@
+"""One rank is stopped (SIGSTOP) in the middle of training and continued
+(SIGCONT) RESUME seconds later. Run with HOROVOD_STALL_CHECK_TIME_SECONDS=2
+and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=5. Every rank prints what its
+training loop saw: `RANK r: <ExceptionType> after <seconds> s: <message>`.
+
+Modes:
+  collective  the victim stops inside the coordinator, just as it starts a
+              collective the others are already running (a test hook wraps
+              its backend), so the others sit in that collective;
+  between     the victim's training loop stops itself between two steps, so
+              the others wait in negotiation.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import coordinator as hvd
+from coordinator import runtime
+
+MODE = sys.argv[1]
+VICTIM = int(sys.argv[2])
+RESUME = float(sys.argv[3]) if len(sys.argv) > 3 else 8.0
+STOP_AT = 20
+# After a fatal error the others stay a while before exiting (which ends the
+# job), so that the stopped rank, once continued, can report what it saw.
+LINGER = RESUME + 4
+
+
+def stop_me_later_resume():
+    """Stops this process now; a child continues it RESUME seconds later."""
+    subprocess.Popen(["sh", "-c", f"sleep {RESUME}; kill -CONT {os.getpid()}"])
+    print(f"RANK {hvd.rank()}: stopping at {time.time():.3f}", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class StopInCollective:
+    """Wraps the victim's backend: the STOP_AT-th operation stops the process
+    right before it starts, after every rank has been told to run it."""
+
+    def __init__(self, ops):
+        self.ops = ops
+        self.count = 0
+
+    def run(self, *args, **kwargs):
+        self.count += 1
+        if self.count == STOP_AT:
+            stop_me_later_resume()
+        return self.ops.run(*args, **kwargs)
+
+
+hvd.init()
+me = hvd.rank()
+if MODE == "collective" and me == VICTIM:
+    bg = runtime.current().background
+    bg.ops = StopInCollective(bg.ops)
+start = None
+for step in range(200):
+    if MODE == "between" and me == VICTIM and step == STOP_AT:
+        stop_me_later_resume()
+    start = time.monotonic()
+    try:
+        out = hvd.allreduce(np.full(1000, step, np.float64), op=hvd.Sum, name="grad")
+        assert out[0] == step * hvd.size(), (step, out[0])
+    except Exception as exc:  # what the training loop sees
+        waited = time.monotonic() - start
+        print(f"RANK {me}: {type(exc).__name__} after {waited:.1f} s at step {step}: {exc}",
+              flush=True)
+        if MODE == "between" and isinstance(exc, hvd.StallError):
+            continue  # the job goes on after a negotiation stall
+        sys.stdout.flush()
+        time.sleep(LINGER)
+        break
+    time.sleep(0.002)
+else:
+    print(f"RANK {me}: finished", flush=True)
+sys.stdout.flush()

@@ -1,0 +1,18 @@
+"""One rank refuses an operation; every rank hears of it (cases:
+tests/mpi/refusal_cases.py). The stall shutdown time stays at its default
+(never), so without the refusal reaching the coordinator the others would
+wait forever: the per-case timeout turns that into a failure."""
+
+import pytest
+
+from mpi_harness import CaseResults, case_names
+
+MODULE = "tests/mpi/refusal_cases.py"
+RESULTS = CaseResults(MODULE, case_timeout=40, timeout=400)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", case_names(MODULE))
+def test_refusals(case, np_):
+    RESULTS.check(case, np_)
