@@ -11,8 +11,9 @@
 Everything is Python over the shared coordinator (no TensorFlow custom ops,
 so nothing is compiled against TensorFlow). Collectives work eagerly and
 inside tf.function; they cannot be compiled by XLA (jit_compile=True raises
-InvalidArgumentError at trace time). See mpi_ops.py for names and ordering,
-tensor_bridge.py for copies, errors.py for exception types.
+InvalidArgumentError at trace time). See mpi_ops.py for names, ordering.py
+for the order collectives run in within a graph (tf.compat.v1 Sessions
+included), tensor_bridge.py for copies, errors.py for exception types.
 """
 
 from coordinator import ProcessSet, add_process_set, global_process_set, remove_process_set

@@ -1,17 +1,27 @@
-"""The coordinator's collectives as TensorFlow ops, eager and in tf.function.
+"""The coordinator's collectives as TensorFlow ops, eager and in graphs.
 
 Each collective is one Python body over NumPy arrays that calls the core's
 blocking operation:
 
 - Eagerly it runs at once on views of the input tensors, and its results
   become tensors through DLPack (see tensor_bridge.py): no copies.
-- Inside a `tf.function` it becomes a stateful `tf.numpy_function`. TensorFlow
-  runs stateful ops without resource inputs in program order
-  (auto_control_deps.py), so every rank submits its collectives in the order
-  the function lists them and a blocked op never waits on one queued behind
-  it. Output shapes are set for shape inference: allreduce and broadcast keep
-  the input's shape; allgather, alltoall and reducescatter leave the first
-  dimension unknown.
+- In a graph it becomes a stateful `tf.numpy_function`, whose Python body
+  blocks an executor thread until every rank has submitted it. Ranks must
+  therefore run a graph's collectives in one order, or each may end up with
+  all its threads waiting on collectives the others have not started.
+  Inside a `tf.function` TensorFlow runs stateful ops without resource
+  inputs in program order (auto_control_deps.py), so every rank submits its
+  collectives in the order the function lists them. Other graphs (a
+  tf.compat.v1 graph run by a Session) have no such order, and several
+  independent collectives there deadlocked; ordering.py chains each
+  collective after the one created before it in the same graph (and
+  control-flow context), which gives them the order a tf.function has and
+  leaves tf.function graphs exactly as they were. That was chosen over a
+  non-blocking submit op plus a wait op, because a chain of submissions
+  would pull earlier submissions, without their waits, into a Session step
+  that fetches a later result (ordering.py says more). Output shapes are
+  set for shape inference: allreduce and broadcast keep the input's shape;
+  allgather, alltoall and reducescatter leave the first dimension unknown.
 - Under `jit_compile=True` it cannot run (XLA does not compile Python ops):
   tracing raises InvalidArgumentError saying so.
 
@@ -42,7 +52,7 @@ from tensorflow.python.ops import control_flow_util as _control_flow_util
 
 import coordinator as core
 from coordinator.process_sets import global_process_set
-from frontends.tensorflow import errors
+from frontends.tensorflow import errors, ordering
 from frontends.tensorflow import tensor_bridge as bridge
 
 Average = core.Average
@@ -84,8 +94,12 @@ def _run(what, body, inputs, out_dtypes, out_shapes, stateful=True):
     def graph_body(*arrays):
         return [bridge.adoptable_result(r) for r in errors.graph_call(body, *arrays)]
 
-    outputs = tf.numpy_function(graph_body, list(inputs), list(out_dtypes), stateful=stateful)
-    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    def create():
+        outputs = tf.numpy_function(graph_body, list(inputs), list(out_dtypes),
+                                    stateful=stateful)
+        return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+    outputs = ordering.in_creation_order(create) if stateful else create()
     for tensor, shape in zip(outputs, out_shapes):
         tensor.set_shape(shape)
     return outputs

@@ -1,0 +1,87 @@
+"""Horovod's process-set documentation, run through frontends.tensorflow on 4
+ranks (run by tests/test_tensorflow.py).
+
+The documented snippet registers an even and an odd set at init() and then
+calls unnamed eager collectives on each, so both sets submit tensors by the
+same name (`HorovodAllreduce`) at the same time: names are per process set,
+as in Horovod. The last case builds the sets from a split communicator, as
+the documentation's MPI variant does.
+"""
+
+import numpy as np
+
+from tf_common import assert_equal, configure_tensorflow
+
+configure_tensorflow()
+
+import tensorflow as tf  # noqa: E402
+
+import frontends.tensorflow as hvd  # noqa: E402
+
+STEPS = 20  # each step is a fresh chance for the two sets' names to collide
+EVEN_SET = ODD_SET = None
+
+
+def setup(core):
+    global EVEN_SET, ODD_SET
+    # As in Horovod's docs (docs/process_set.rst), for 4 ranks.
+    EVEN_SET = hvd.ProcessSet([0, 2])
+    ODD_SET = hvd.ProcessSet([1, 3])
+    hvd.init(process_sets=[EVEN_SET, ODD_SET])
+
+
+def _my_set():
+    return EVEN_SET if hvd.rank() % 2 == 0 else ODD_SET
+
+
+def _check_unnamed_collectives(my_set, what):
+    r = hvd.rank()
+    members = my_set.ranks
+    assert r in members, (what, members)
+
+    def collectives(x):
+        return (hvd.allreduce(x, process_set=my_set),  # Average, as the docs' call
+                hvd.allreduce(x, op=hvd.Sum, process_set=my_set),
+                hvd.allgather(x, process_set=my_set),
+                hvd.broadcast(x, members[-1], process_set=my_set))
+
+    in_function = tf.function(collectives)
+    for step in range(STEPS):
+        x = tf.constant([float(r + step)])
+        for mode, run in (("eager", collectives), ("tf.function", in_function)):
+            avg, total, gathered, root = run(x)
+            label = f"{what} {mode} step {step}"
+            assert_equal(avg.numpy(), np.array([np.mean([q + step for q in members])],
+                                               np.float32), label)
+            assert_equal(total.numpy(), np.array([float(sum(q + step for q in members))],
+                                                 np.float32), label)
+            assert_equal(gathered.numpy(), np.array([q + step for q in members], np.float32),
+                         label)
+            assert_equal(root.numpy(), np.array([members[-1] + step], np.float32), label)
+
+
+def case_documented_even_and_odd_sets_with_unnamed_eager_ops(core):
+    assert hvd.size() == 4, "the documented sets are for 4 ranks"
+    assert (EVEN_SET.ranks, ODD_SET.ranks) == ([0, 2], [1, 3])
+    assert (EVEN_SET.process_set_id, ODD_SET.process_set_id) == (1, 2)
+    assert EVEN_SET.included() == (hvd.rank() % 2 == 0)
+    assert ODD_SET.included() == (hvd.rank() % 2 == 1)
+    # Documented: `hvd.allreduce(tensor, process_set=even_set)` on the even
+    # ranks while the odd ranks do the same on odd_set, unnamed.
+    result = hvd.allreduce(tf.constant([hvd.rank()]), op=hvd.Sum, process_set=_my_set())
+    assert_equal(result.numpy(), np.array([sum(_my_set().ranks)], np.int32))
+    _check_unnamed_collectives(_my_set(), "ranks-given set")
+
+
+def case_documented_sets_from_a_split_communicator(core):
+    """Horovod's MPI variant: ProcessSet(MPI.COMM_WORLD.Split(...)), each
+    rank passing the communicator of its own group, then unnamed eager ops."""
+    from mpi4py import MPI
+
+    hvd.shutdown()
+    world = MPI.COMM_WORLD
+    subcomm = world.Split(color=world.rank % 2, key=world.rank)
+    split_set = hvd.ProcessSet(subcomm)
+    hvd.init(world, process_sets=[split_set])
+    assert split_set.ranks == [q for q in range(hvd.size()) if q % 2 == hvd.rank() % 2]
+    _check_unnamed_collectives(split_set, "split-communicator set")
