@@ -20,7 +20,8 @@ from coordinator.collectives import (Adasum, Average, Max, Min, Product, Sum, al
                                      grouped_allgather, grouped_allgather_async,
                                      grouped_allreduce, grouped_allreduce_async,
                                      grouped_reducescatter, grouped_reducescatter_async, join,
-                                     poll, reducescatter, reducescatter_async, synchronize)
+                                     poll, recv, recv_async, reducescatter,
+                                     reducescatter_async, send, send_async, synchronize)
 from coordinator.errors import (HorovodInternalError, NotInitializedError, RankFailedError,
                                 ShutdownError, StallError, TensorMismatchError)
 from coordinator.process_sets import ProcessSet, global_process_set
@@ -36,7 +37,8 @@ __all__ = [
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "grouped_reducescatter",
-    "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize",
+    "grouped_reducescatter_async", "send", "send_async", "recv", "recv_async",
+    "barrier", "join", "poll", "synchronize",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "HorovodInternalError", "NotInitializedError", "RankFailedError", "ShutdownError",

@@ -301,7 +301,7 @@ class Background:
             req.root_rank = e.root_rank
         elif e.op == pb.ALLTOALL:
             req.splits.extend(e.splits)
-        elif e.op == pb.ADD_PROCESS_SET:
+        elif e.op in (pb.ADD_PROCESS_SET, pb.P2P):
             req.ranks.extend(e.ranks)
         if e.group:
             req.group = e.group
@@ -592,6 +592,9 @@ class Background:
             kwargs = {}
             if op == pb.BROADCAST:
                 kwargs["root"] = self.parts.set_rank_of(resp.process_set_id, resp.root_rank)
+            elif op == pb.P2P:
+                kwargs["pair"] = [self.parts.set_rank_of(resp.process_set_id, r)
+                                  for r in resp.ranks]
             traced = self.timeline.enabled
             if traced:
                 shown = [display_name(resp.process_set_id, n) for n in names]

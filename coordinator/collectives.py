@@ -36,11 +36,12 @@ Max = pb.MAX
 Product = pb.PRODUCT
 
 _REDUCE_OPS = {Average, Sum, Adasum, Min, Max, Product}
-_names = {"counter": itertools.count(1)}
+_names = {"counter": itertools.count(1), "p2p": {}}
 
 
 def reset_names():
     _names["counter"] = itertools.count(1)
+    _names["p2p"] = {}
 
 
 def _runtime_for(what):
@@ -393,6 +394,61 @@ def grouped_reducescatter_async(tensors, op=Average, name=None,
     return _submit(rt, entries, group=True)
 
 
+# ------------------------------------------------------------ send and recv
+def _p2p_name(name, sender, receiver, ps):
+    """Both sides' name for a send/recv: the given name, or the k-th unnamed
+    one between this sender and receiver (so unnamed ones pair in program
+    order), with the pair appended (the same name between other ranks is
+    another tensor)."""
+    if name is None:
+        counters = _names["p2p"]
+        key = (ps.process_set_id, sender, receiver)
+        counters[key] = counters.get(key, 0) + 1
+        name = f"p2p.noname.{counters[key]}"
+    else:
+        name = _name("send/recv", name)
+    return f"{name} [{sender}->{receiver}]"
+
+
+def _peer(rank, ps, me, what):
+    if not isinstance(rank, numbers.Integral) or rank not in ps.ranks:
+        raise ValueError(f"{what}: invalid peer rank {rank!r} for process set {ps.ranks}")
+    if rank == me:
+        raise ValueError(f"{what}: rank {me} cannot send to itself")
+    return int(rank)
+
+
+def send_async(tensor, dest_rank, name=None, process_set=global_process_set):
+    """Starts sending `tensor` to `dest_rank` (a global rank), which receives
+    it with `recv` under the same name; returns a handle (result None).
+    Negotiated like every operation: the stall inspector, the watchdog and
+    the timeline see it."""
+    rt = _runtime_for("send")
+    ps = _process_set(process_set, rt, "send")
+    me = rt.rank
+    dest = _peer(dest_rank, ps, me, "send")
+    name = _p2p_name(name, me, dest, ps)
+    what = _label("send", name)
+    with _refusal(rt, name, pb.P2P, ps):
+        arr, info = _array(tensor, what, reducible=False)
+        entry = Entry(name, pb.P2P, tensor=arr, dtype_info=info, shape=arr.shape,
+                      ranks=(me, dest), process_set_id=ps.process_set_id, device=CPU_DEVICE)
+    return _submit(rt, [entry])
+
+
+def recv_async(source_rank, name=None, process_set=global_process_set):
+    """Starts receiving what `source_rank` sends under the same name; returns
+    a handle whose result is a new array of the sender's dtype and shape."""
+    rt = _runtime_for("recv")
+    ps = _process_set(process_set, rt, "recv")
+    me = rt.rank
+    source = _peer(source_rank, ps, me, "recv")
+    name = _p2p_name(name, source, me, ps)
+    entry = Entry(name, pb.P2P, ranks=(source, me), process_set_id=ps.process_set_id,
+                  device=CPU_DEVICE)
+    return _submit(rt, [entry])
+
+
 # ---------------------------------------------------------- control and sync
 def barrier_async(process_set=global_process_set):
     rt = _runtime_for("barrier")
@@ -440,6 +496,8 @@ broadcast = _blocking(broadcast_async)
 reducescatter = _blocking(reducescatter_async)
 grouped_reducescatter = _blocking(grouped_reducescatter_async)
 _alltoall_pair = _blocking(alltoall_async)
+send = _blocking(send_async)
+recv = _blocking(recv_async)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):

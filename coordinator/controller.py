@@ -39,7 +39,8 @@ CACHEABLE = frozenset({pb.ALLREDUCE, pb.BROADCAST, pb.REDUCESCATTER})
 GLOBAL_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET, pb.JOIN})
 # Operations Horovod refuses while a rank has joined: only allreduce can
 # take zeros in place of a joined rank's tensor.
-NOT_WITH_JOIN = frozenset({pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL, pb.REDUCESCATTER})
+NOT_WITH_JOIN = frozenset({pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL, pb.REDUCESCATTER,
+                           pb.P2P})
 JOIN_NAME = "join"
 
 
@@ -137,6 +138,7 @@ _OP_FIELDS = {
     pb.BARRIER: [],
     pb.ADD_PROCESS_SET: [("ranks", lambda r: tuple(r.ranks), lambda v: str(list(v)))],
     pb.REMOVE_PROCESS_SET: [],
+    pb.P2P: [("sender and receiver", lambda r: tuple(r.ranks), lambda v: str(list(v)))],
 }
 
 
@@ -264,6 +266,10 @@ class Controller:
                            f"process set {pset}, which does not include it (members: "
                            f"{list(members)})")
             return
+        if req.op == pb.P2P:
+            members = self._pair(rank, pset, req, members)
+            if members is None:
+                return
         if req.rejected:
             self._reject(rank, pset, req, members)
             return
@@ -288,6 +294,19 @@ class Controller:
             return
         if self._complete(neg):
             self._finish(neg)
+
+    def _pair(self, rank, pset, req, members):
+        """The two ranks of a send/recv, or None (and an error to `rank`)."""
+        pair = tuple(req.ranks)
+        if len(pair) == 2 and pair[0] != pair[1] and rank in pair and all(
+                r in members for r in pair):
+            return pair
+        if not req.rejected:
+            self._fail((rank,), pset, req,
+                       f"send/recv of tensor '{req.name}': ranks {list(pair)} are not a sender "
+                       f"and a receiver of process set {pset} ({list(members)}) that include "
+                       f"rank {rank}")
+        return None
 
     # ---------------------------------------------------------------- output
     def take_plans(self, now=None):
@@ -633,12 +652,16 @@ class Controller:
         return [self._plan(group) for group in groups]
 
     def _fused_nbytes(self, neg, req):
+        if req.op == pb.P2P:
+            return tensor_nbytes(neg.requests.get(neg.members[0], req))
         if req.op == pb.ALLGATHER:
             rows = sum(q.shape[0] for q in neg.requests.values())
             return row_nbytes(req) * rows
         return tensor_nbytes(req)
 
     def _plan(self, negs):
+        if negs[0].representative().op == pb.P2P:
+            return self._p2p_plan(negs[0])
         req = negs[0].representative()
         members = negs[0].members
         joined = [m for m in members if m in self._joined]
@@ -676,3 +699,13 @@ class Controller:
                 q = neg.representative()
                 resp.specs.add(name=neg.name, dtype=q.dtype, shape=list(q.shape))
         return Plan(resp, members, sum(neg.nbytes for neg in negs), [neg.name for neg in negs])
+
+    def _p2p_plan(self, neg):
+        """A send/recv: the receiver learns the tensor's dtype and shape from
+        the sender's request (its spec)."""
+        sender, receiver = neg.members
+        req = neg.requests[sender]
+        resp = pb.Response(op=pb.P2P, process_set_id=neg.process_set_id, names=[neg.name],
+                           dtype=req.dtype, device=req.device, ranks=[sender, receiver])
+        resp.specs.add(name=neg.name, dtype=req.dtype, shape=list(req.shape))
+        return Plan(resp, neg.members, neg.nbytes, [neg.name])

@@ -12,6 +12,7 @@ OP_NAMES = {
     pb.JOIN: "join",
     pb.ADD_PROCESS_SET: "add_process_set",
     pb.REMOVE_PROCESS_SET: "remove_process_set",
+    pb.P2P: "send/recv",
 }
 
 REDUCE_OP_NAMES = {

@@ -32,6 +32,11 @@ def test_after_stalls_each_ranks_nth_submission_meets_the_others_nth(case, np_):
 
 
 @pytest.mark.mpi
+def test_a_send_nobody_receives_is_a_stall_naming_the_receiver():
+    STALLS.check("a_send_nobody_receives_is_a_stall_naming_the_receiver", 2)
+
+
+@pytest.mark.mpi
 def test_stall_warning_names_tensor_missing_rank_and_wait():
     output = STALLS.run(2)["output"]
     assert "WARNING" in output and "'stalled'" in output

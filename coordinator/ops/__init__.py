@@ -18,6 +18,7 @@ _METHODS = {
     pb.BROADCAST: "broadcast",
     pb.ALLTOALL: "alltoall",
     pb.REDUCESCATTER: "reducescatter",
+    pb.P2P: "p2p",
 }
 
 

@@ -26,6 +26,7 @@ INT_MAX = 2 ** 31 - 1
 # Pieces of a call that would pass INT_MAX.
 PIECE = 1 << 30
 ALLTOALL_TAG = 78
+P2P_TAG = 79
 
 
 def _same_memory(a, b):
@@ -312,6 +313,28 @@ class MPIOps:
             yield requests
         self._activity_end(names)
         return [(out, recv_rows)]
+
+    # ------------------------------------------------------------ send/recv
+    def p2p(self, response, entries, names, pair):
+        """Sends the sender's tensor to the receiver; `pair` holds their ranks
+        in the set. A lane runs one operation at a time, and both ranks run
+        the set's operations in one order, so one tag is enough."""
+        comm = self._comm(response)
+        sender, receiver = pair
+        self._activity(names, "MPI_SEND" if comm.rank == sender else "MPI_RECV")
+        if comm.rank == sender:
+            data = as_bytes(entries[0].tensor)
+            yield [comm.Isend([data[part], MPI.BYTE], receiver, P2P_TAG)
+                   for part in _pieces(data.size)]
+            result = None
+        else:
+            spec = response.specs[0]
+            result = np.empty(tuple(spec.shape), dtypes.BY_WIRE[spec.dtype].dtype)
+            data = as_bytes(result)
+            yield [comm.Irecv([data[part], MPI.BYTE], sender, P2P_TAG)
+                   for part in _pieces(data.size)]
+        self._activity_end(names)
+        return [result]
 
     # ------------------------------------------------------- reducescatter
     def reducescatter(self, response, entries, names):

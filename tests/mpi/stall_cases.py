@@ -65,3 +65,9 @@ def case_after_a_stall_every_rank_stays_in_step(hvd):
 def case_a_rank_late_again_and_again_stays_in_step(hvd):
     late = {2, 5, 6}
     _check_in_step(hvd, _steps_in_step(hvd, late, nap=3.6, steps=10, name="g.often"), late)
+
+
+def case_a_send_nobody_receives_is_a_stall_naming_the_receiver(hvd):
+    if hvd.rank() == 0:
+        exc = expect_raises(hvd.StallError, hvd.send, np.ones(2), 1, name="lonely")
+        assert "rank 1 did not submit it" in str(exc) and "lonely" in str(exc), str(exc)
