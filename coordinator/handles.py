@@ -8,6 +8,7 @@ raising the operation's error if it failed.
 
 import itertools
 import threading
+import time
 
 # How often a waiting thread checks on the job's health (dead peers, a
 # failed background thread) while its operation has not completed.
@@ -38,9 +39,12 @@ class HandleTable:
 
     def poll(self, handle):
         item = self._get(handle)
-        if isinstance(item, list):
-            return all(e.done for e in item)
-        return item.done
+        done = all(e.done for e in item) if isinstance(item, list) else item.done
+        if not done:
+            # A frontend that spins on poll() in Python would hold the GIL the
+            # background thread needs between MPI calls: let it run.
+            time.sleep(0)
+        return done
 
     def entries(self, handle):
         item = self._get(handle)

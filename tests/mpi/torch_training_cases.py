@@ -404,6 +404,37 @@ def case_distributed_optimizer_on_a_process_set(_core):
         assert hvd.remove_process_set(ps)
 
 
+def case_distributed_optimizers_on_two_disjoint_sets_use_the_same_names(_core):
+    """Two halves train apart, each with its DistributedOptimizer on its own
+    set: the parameter names are the same in both sets, which are two
+    tensors each (names are per process set, as in Horovod)."""
+    n, me = hvd.size(), hvd.rank()
+    halves = [list(range(0, (n + 1) // 2)), list(range((n + 1) // 2, n))]
+    sets = [hvd.add_process_set(h) for h in halves]
+    mine = 0 if me in halves[0] else 1
+    model = make_net()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   process_set=sets[mine])
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(me, step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    ref = make_net()
+    ref_opt = sgd(ref.parameters())
+    for step in range(3):
+        ref_opt.zero_grad()
+        parts = [batch(r, step) for r in halves[mine]]
+        F.cross_entropy(ref(torch.cat([p[0] for p in parts])),
+                        torch.cat([p[1] for p in parts])).backward()
+        ref_opt.step()
+    assert_same_params(model, ref, what=f"set {halves[mine]}")
+    hvd.barrier()
+    for ps in sets:
+        assert hvd.remove_process_set(ps)
+
+
 # --------------------------------------------------------- broadcast helpers
 def _all_equal_to_root(tensors, what):
     """Every rank's tensors equal rank 0's (compared on every rank)."""
