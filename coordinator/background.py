@@ -610,10 +610,12 @@ class Background:
             self._finish_op(done)
 
     def _progress(self):
+        """Drives the operations in flight; True when any of them moved."""
+        steps = self.executor.steps
         done = self.executor.progress()
         for op in done:
             self._finish_op(op)
-        return bool(done)
+        return bool(done) or self.executor.steps != steps
 
     def _finish_op(self, op):
         if op.traced:

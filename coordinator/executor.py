@@ -25,6 +25,8 @@ def _ready(waitable):
     if not waitable:
         return True
     if isinstance(waitable, list):
+        if len(waitable) == 1:
+            return waitable[0].Test()
         return MPI.Request.Testall(waitable)
     return waitable.ready()
 
@@ -68,12 +70,17 @@ class Operation:
 
 
 class Executor:
-    # Tests per progress() call while nothing completes: a burst keeps a
-    # collective's rounds moving without a full loop turn between them.
-    BURST = 8
+    # How long one progress() call keeps testing while nothing finishes: a
+    # collective's rounds and pieces move on without a full loop turn
+    # between them, and the loop still looks at its control messages every
+    # BURST seconds.
+    BURST = 100e-6
 
     def __init__(self):
         self._lanes = collections.OrderedDict()  # lane -> deque of Operation
+        # Steps taken (a call finished and the next started) since the caller
+        # last looked: a long collective makes progress long before it is done.
+        self.steps = 0
         # Operations given up on (a peer stopped answering): MPI may still
         # write into their buffers, so they are kept until the process ends.
         self._abandoned = []
@@ -98,16 +105,22 @@ class Executor:
     def progress(self):
         """Operations that finished since the last call, in the order they did."""
         done = []
-        for _ in range(self.BURST):
+        deadline = time.perf_counter() + self.BURST
+        while True:
             for key in list(self._lanes):
                 done.extend(self._drive(key, self._lanes[key]))
-            if done or not self._lanes:
-                break
-        return done
+            if done or not self._lanes or time.perf_counter() > deadline:
+                return done
 
     def _drive(self, key, lane):
         done = []
-        while lane and lane[0].advance():
+        while lane:
+            op = lane[0]
+            before = op.steps
+            finished = op.advance()
+            self.steps += op.steps - before
+            if not finished:
+                break
             done.append(lane.popleft())
         if not lane:
             del self._lanes[key]
