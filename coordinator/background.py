@@ -27,10 +27,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 from coordinator import dtypes
-from coordinator.control_channel import TAG_REQUEST, TAG_RESPONSE, ControlChannel
+from coordinator.control_channel import TAG_REQUEST, TAG_RESPONSE
 from coordinator.controller import CACHEABLE, Controller
 from coordinator.errors import (HorovodInternalError, RankFailedError, ShutdownError,
                                 StallError, TensorMismatchError)
@@ -107,7 +105,7 @@ class Collaborators:
     queue: Any  # TensorQueue
     handles: Any  # HandleTable: how many frontend threads wait
     ops: Any  # OperationManager
-    control_comm: Any  # the control plane's private communicator
+    channel: Any  # ControlChannel: the control plane's messages
     timeline: Any
     colocated: int  # ranks sharing this machine's CPUs
     initial_process_sets: Mapping[int, tuple]
@@ -128,7 +126,7 @@ class Background:
         self.handles = parts.handles
         self.ops = parts.ops
         self.timeline = parts.timeline
-        self.channel = ControlChannel(parts.control_comm)
+        self.channel = parts.channel
         self.executor = Executor()
         self.is_coordinator = self.rank == 0
         self.cache = WorkerCache()
@@ -558,8 +556,9 @@ class Background:
                 "which it never submitted")
         info = dtypes.BY_WIRE[spec.dtype]
         shape = tuple(spec.shape)
-        return Entry(name, resp.op, tensor=np.zeros(shape, info.dtype), dtype_info=info,
-                     shape=shape, process_set_id=resp.process_set_id, device=resp.device)
+        return Entry(name, resp.op, tensor=self.ops.zeros(resp, shape, info.dtype),
+                     dtype_info=info, shape=shape, process_set_id=resp.process_set_id,
+                     device=resp.device)
 
     def _mine(self, entry):
         return entry is not None and self.queue.get(entry.key) is entry

@@ -16,11 +16,24 @@ def init(comm=None, process_sets=None):
     comm: an mpi4py communicator or a list of global ranks (default: all).
     process_sets: ProcessSets to register now (every rank passes the same
     list), or "dynamic" to allow add_process_set/remove_process_set later.
-    A second init() without shutdown() in between is an error."""
+    A second init() without shutdown() in between is an error.
+    In an elastic job, comm=None means the job's current membership."""
+    if comm is None:
+        comm = _elastic_comm()
     rt = runtime.start(comm, process_sets)
     rt.dynamic_process_sets = (process_sets == "dynamic"
                                or rt.config.dynamic_process_sets)
     collectives.reset_names()
+
+
+def _elastic_comm():
+    """The elastic job's current communicator (coordinator/elastic), or None
+    (COMM_WORLD) outside an elastic job."""
+    if os.environ.get("COORDINATOR_ELASTIC") != "1":
+        return None
+    from coordinator.elastic import membership
+
+    return membership.default_comm()
 
 
 def ensure_initialized(comm=None, process_sets=None):
@@ -94,10 +107,7 @@ def is_homogeneous():
 
 
 def mpi_threads_supported():
-    _rt("mpi_threads_supported")
-    from mpi4py import MPI
-
-    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+    return _rt("mpi_threads_supported").transport.threads_supported()
 
 
 def add_process_set(process_set):
@@ -114,7 +124,7 @@ def _add_process_set(rt, process_set):
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"add_process_set: {ps!r} is already registered")
-    ranks = ps.ranks if ps.mpi_comm is None else runtime._ranks_of(ps, rt.base_comm)
+    ranks = rt.ranks_of(ps)
     if rt.process_sets.find(ranks) is not None:
         raise ValueError(f"add_process_set: a process set with ranks {ranks} already exists")
     bad = [r for r in ranks if not 0 <= r < rt.size]

@@ -56,3 +56,51 @@ class ControlChannel:
             except MPI.Exception:
                 pass
         self._sends = []
+
+
+class Transport:
+    """The job as the control plane sees it: which ranks there are, a private
+    channel for wire messages, and the few blocking exchanges of `init`.
+
+    The MPI backend gets `data_world()`, a communicator of its own for
+    tensor bytes; nothing else in the core touches MPI."""
+
+    def __init__(self, comm=None):
+        self.base = _base_comm(comm)
+        self.rank = self.base.rank
+        self.size = self.base.size
+        self.channel = ControlChannel(self.base.Dup())
+
+    def allgather(self, value):
+        """Every rank's `value` (a picklable object), indexed by rank. Blocks:
+        for `init` only, where every rank takes part."""
+        return self.base.allgather(value)
+
+    def data_world(self):
+        """A new communicator over the job's ranks, for a data backend."""
+        return self.base.Dup()
+
+    def ranks_of(self, comm):
+        """The job's ranks that a user's communicator holds, sorted."""
+        group = comm.Get_group()
+        return sorted(group.Translate_ranks(list(range(group.Get_size())),
+                                            self.base.Get_group()))
+
+    @staticmethod
+    def threads_supported():
+        return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def _base_comm(comm):
+    """The job's communicator: COMM_WORLD, a communicator the user passed, or
+    the ranks of COMM_WORLD the user listed."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if hasattr(comm, "Get_group"):
+        return comm
+    ranks = sorted(int(r) for r in comm)
+    world = MPI.COMM_WORLD
+    if world.rank not in ranks:
+        raise ValueError(f"init(comm={ranks}): this process (rank {world.rank}) is not in "
+                         "the list")
+    return world.Create_group(world.Get_group().Incl(ranks))

@@ -1,8 +1,8 @@
-"""The data types the coordinator moves, and how each maps to the wire and MPI.
+"""The data types the coordinator moves, and how each maps to the wire.
 
-One table, keyed by NumPy dtype: its wire enum, whether it can be reduced, and
-the dtype a reduction runs in (bfloat16 is reduced in float32 because MPI has
-no bfloat16 type).
+One table, keyed by NumPy dtype: its wire enum and whether it can be reduced.
+How a backend reduces each dtype (MPI reduces bfloat16 through a native
+kernel or in float32) is the backend's policy (ops/mpi_reduce.py).
 """
 
 import numpy as np
@@ -19,14 +19,13 @@ except ImportError:  # pragma: no cover - ml_dtypes ships with TensorFlow and JA
 
 
 class DTypeInfo:
-    __slots__ = ("dtype", "wire", "name", "reducible", "reduce_dtype")
+    __slots__ = ("dtype", "wire", "name", "reducible")
 
-    def __init__(self, dtype, wire, reducible=True, reduce_dtype=None):
+    def __init__(self, dtype, wire, reducible=True):
         self.dtype = np.dtype(dtype)
         self.wire = wire
         self.name = self.dtype.name
         self.reducible = reducible
-        self.reduce_dtype = np.dtype(reduce_dtype) if reduce_dtype is not None else self.dtype
 
 
 _INFOS = [
@@ -41,7 +40,7 @@ _INFOS = [
     DTypeInfo(np.bool_, pb.BOOL, reducible=False),
 ]
 if BFLOAT16 is not None:
-    _INFOS.append(DTypeInfo(BFLOAT16, pb.BFLOAT16, reduce_dtype=np.float32))
+    _INFOS.append(DTypeInfo(BFLOAT16, pb.BFLOAT16))
 
 BY_DTYPE = {info.dtype: info for info in _INFOS}
 BY_WIRE = {info.wire: info for info in _INFOS}
@@ -57,10 +56,3 @@ def info_for(dtype):
 def wire_name(wire):
     info = BY_WIRE.get(wire)
     return info.name if info is not None else f"dtype#{wire}"
-
-
-def mpi_datatype(dtype):
-    """The MPI datatype of a reducible NumPy dtype."""
-    from mpi4py import MPI
-
-    return MPI._typedict[np.dtype(dtype).char]

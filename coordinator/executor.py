@@ -1,8 +1,8 @@
 """Operations in flight: started by the background thread, completed later.
 
 A backend runs a response as a generator: it starts non-blocking calls and
-yields what they must wait for (a list of MPI requests, or anything with a
-`ready()` method, such as a device event), and returns one result per entry.
+yields what they must wait for (anything with a `ready()` method: MPI
+requests, a device event), and returns one result per entry.
 The executor drives these generators without ever blocking: `progress()`
 tests what each operation waits for and resumes those that can go on. So
 the background thread stays free to negotiate, inspect stalls and answer its
@@ -18,17 +18,9 @@ by side.
 import collections
 import time
 
-from mpi4py import MPI
-
 
 def _ready(waitable):
-    if not waitable:
-        return True
-    if isinstance(waitable, list):
-        if len(waitable) == 1:
-            return waitable[0].Test()
-        return MPI.Request.Testall(waitable)
-    return waitable.ready()
+    return waitable is None or waitable.ready()
 
 
 class Operation:

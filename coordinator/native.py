@@ -1,4 +1,4 @@
-"""Native kernels and their NumPy references, and how reductions are chosen.
+"""Native kernels and their NumPy references.
 
 `native/halfops.c` reduces and scales float16 and bfloat16 buffers (each
 element widened to float32, combined, rounded back to nearest-even). With it,
@@ -18,8 +18,8 @@ either operand gives the default quiet NaN, and -0.0 counts below +0.0 (IEEE
 the extension, the NumPy reference runs in the same MPI user-defined
 operation; integer Min and Max keep MPI's built-in ops.
 
-`reduction(info, reduce_op)` tells a backend which dtype to reduce in and
-which MPI datatype and op to use.
+How the MPI backend uses these kernels (as MPI user-defined operations) is
+its own matter: coordinator/ops/mpi_reduce.py.
 """
 
 from functools import partial
@@ -103,41 +103,3 @@ def scale16(arr, factor):
         halfops.scale(kind, arr, factor)
     else:
         scale_reference(kind, arr, factor)
-
-
-_user_ops = {}
-
-
-def _user_op(reduce, op_code, kind):
-    """One MPI user-defined op per (kernel, op, kind), created on first use.
-    mpi4py calls `fn` once per chunk MPI reduces (see README, Native kernels,
-    for what that costs against a built-in op)."""
-    from mpi4py import MPI
-
-    key = (reduce, op_code, kind)
-    op = _user_ops.get(key)
-    if op is None:
-        def fn(invec, inoutvec, datatype):
-            reduce(op_code, kind, invec, inoutvec)
-
-        op = _user_ops[key] = MPI.Op.Create(fn, commute=True)
-    return op
-
-
-def reduction(info, reduce_op):
-    """(dtype to reduce in, MPI datatype, MPI op) for a tensor dtype and op."""
-    from mpi4py import MPI
-
-    if info.dtype in KINDS and halfops is not None and reduce_op in OP_CODES:
-        return info.dtype, MPI.UINT16_T, _user_op(halfops.reduce, OP_CODES[reduce_op],
-                                                  KINDS[info.dtype])
-    rdtype = info.reduce_dtype
-    if info.dtype == np.float16:  # no native kernel: float32 beats MPI's float16
-        rdtype = np.dtype(np.float32)
-    if reduce_op in MINMAX_CODES and rdtype in MINMAX_KINDS:
-        reduce = minmax.reduce if minmax is not None else minmax_reference
-        return rdtype, dtypes.mpi_datatype(rdtype), _user_op(
-            reduce, MINMAX_CODES[reduce_op], MINMAX_KINDS[rdtype])
-    mpi_op = {pb.SUM: MPI.SUM, pb.AVERAGE: MPI.SUM, pb.MIN: MPI.MIN, pb.MAX: MPI.MAX,
-              pb.PRODUCT: MPI.PROD}[reduce_op]
-    return rdtype, dtypes.mpi_datatype(rdtype), mpi_op

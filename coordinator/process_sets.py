@@ -1,9 +1,9 @@
 """Process sets: collectives among a subset of the ranks.
 
 A `ProcessSet` names the global ranks it holds. Once registered (at `init`, or
-with `add_process_set`, which every rank calls) it has an id and, on its
-members, an MPI communicator for its data. The global set, id 0, holds every
-rank.
+with `add_process_set`, which every rank calls) it has an id; the backends
+make its communicators on its members when it is first used. The global set,
+id 0, holds every rank.
 """
 
 import threading
@@ -78,28 +78,24 @@ global_process_set = ProcessSet()
 
 
 class ProcessSetTable:
-    """The registered sets of this process, with their communicators."""
+    """The registered sets of this process."""
 
     def __init__(self, my_rank):
         self.my_rank = my_rank
         self._lock = threading.Lock()
         self._sets = {}  # id -> ProcessSet
-        self.comms = {}  # id -> data communicator (members only)
 
-    def register(self, process_set, process_set_id, ranks, comm):
+    def register(self, process_set, process_set_id, ranks):
         with self._lock:
             process_set._bind(process_set_id, ranks, self.my_rank)
             self._sets[process_set_id] = process_set
-            if comm is not None:
-                self.comms[process_set_id] = comm
 
     def unregister(self, process_set_id):
         with self._lock:
             ps = self._sets.pop(process_set_id, None)
-            comm = self.comms.pop(process_set_id, None)
         if ps is not None and ps is not global_process_set:
             ps._unbind()
-        return ps, comm
+        return ps
 
     def get(self, process_set_id):
         return self._sets.get(process_set_id)
@@ -122,9 +118,6 @@ class ProcessSetTable:
 
     def clear(self):
         with self._lock:
-            comms = list(self.comms.values())
             for ps in self._sets.values():
                 ps._unbind()
             self._sets.clear()
-            self.comms.clear()
-        return comms

@@ -43,33 +43,25 @@ def was_shut_down():
 class Runtime:
     def __init__(self, comm=None, process_sets=None, config=None):
         # MPI starts here, not when `coordinator` is imported: importing the
-        # package (e.g. for coordrun) must not initialise MPI. Open MPI's
-        # blocking calls spin while a peer is late; let them yield the core to
-        # the training threads (measured: 1.17x -> 1.02x DDP's step time on 2
-        # cores). Only effective if MPI has not started yet.
+        # package (e.g. for coordrun) must not initialise MPI.
         if "mpi4py.MPI" not in sys.modules:
             _mpi_defaults(os.environ)
-        from mpi4py import MPI
-
         from coordinator.background import Background, Collaborators
-        from coordinator.ops import OperationManager
-        from coordinator.ops.adasum import AdasumOps
-        from coordinator.ops.mpi_ops import MPIOps
+        from coordinator.control_channel import Transport
+        from coordinator.ops import create_backends
         from coordinator.topology import Topology
 
         self.config = config or Config.from_env()
         logsetup.configure(self.config)
-        base = _base_comm(MPI, comm)
-        self.base_comm = base
-        self.rank = base.rank
-        self.size = base.size
-        self.control_comm = base.Dup()
-        self.data_comm = base.Dup()
+        self.transport = Transport(comm)
+        self.rank = self.transport.rank
+        self.size = self.transport.size
         logsetup.set_rank(self.rank)
         if self.config.exit_with_launcher:
             watch_launcher({EXIT_WITH_LAUNCHER: "1"})
-        self.topology = Topology.discover(base, self.config.local_size_override)
-        peers = base.allgather((host_identity(), os.getpid(), socket.gethostname()))
+        peers = self.transport.allgather((host_identity(), os.getpid(), socket.gethostname()))
+        self.topology = Topology.discover(self.rank, [p[2] for p in peers],
+                                          self.config.local_size_override)
         self.monitor = PeerMonitor(self.rank, peers)
         self.fatal_error = None
         self.queue = TensorQueue()
@@ -85,19 +77,17 @@ class Runtime:
         if path and path.upper() != "DYNAMIC" and self.rank == 0:
             self.timeline.start(path, self.config.timeline_mark_cycles)
         self.process_sets = ProcessSetTable(self.rank)
-        self.process_sets.register(global_process_set, 0, range(self.size), self.data_comm)
+        self.process_sets.register(global_process_set, 0, range(self.size))
         self.initial_process_sets = {0: tuple(range(self.size))}
         self._pending_sets = {}
         self._create_static_sets(_static_sets(process_sets))
-        self.ops = OperationManager([
-            AdasumOps(self.process_sets.comms, self.timeline),
-            MPIOps(self.process_sets.comms, self.buffers, self.timeline, self.rank,
-                   self._allreduce_algorithms(), self.config.segment_bytes),
-        ])
+        self.ops = create_backends(self.config, self.transport.data_world(),
+                                   self.process_sets.members, self.buffers, self.timeline,
+                                   self.rank, self.topology, self.transport)
         topo = self.topology
         self.background = Background(Collaborators(
             config=self.config, rank=self.rank, size=self.size, queue=self.queue,
-            handles=self.handles, ops=self.ops, control_comm=self.control_comm,
+            handles=self.handles, ops=self.ops, channel=self.transport.channel,
             timeline=self.timeline,
             colocated=self.size if topo.simulated else topo.local_size,
             initial_process_sets=dict(self.initial_process_sets),
@@ -105,22 +95,6 @@ class Runtime:
             apply_process_set_change=self.apply_process_set_change, fatal=self.fatal,
             check_dead=self.monitor.check))
         self.background.start()
-
-    def _allreduce_algorithms(self):
-        """Host-aware allreduce algorithms the settings ask for, on their own
-        duplicates of the host (local) and cross-host communicators."""
-        from coordinator.ops.hierarchical import HierarchicalAllreduce
-        from coordinator.ops.torus import TorusAllreduce
-
-        topo = self.topology
-        algorithms = []
-        if self.config.torus_allreduce:
-            algorithms.append(TorusAllreduce(topo.local_comm.Dup(), topo.cross_comm.Dup(),
-                                             topo.homogeneous))
-        if self.config.hierarchical_allreduce:
-            algorithms.append(HierarchicalAllreduce(topo.local_comm.Dup(),
-                                                    topo.cross_comm.Dup(), topo.local_rank))
-        return algorithms
 
     # ---------------------------------------------------------- process sets
     def _create_static_sets(self, sets):
@@ -132,42 +106,40 @@ class Runtime:
         rank only its own group. Every rank's members are gathered (as
         Horovod does), and each distinct group becomes a set; the
         `ProcessSet` a rank passed stands for the group it belongs to."""
-        mine = [tuple(_ranks_of(ps, self.base_comm)) for ps in sets]
-        everyone = self.base_comm.allgather(mine)
+        mine = [tuple(self.ranks_of(ps)) for ps in sets]
+        everyone = self.transport.allgather(mine)
         groups_at = _groups_by_position(everyone, sets, self.size)
         for ps, groups in zip(sets, groups_at):
-            color = _undefined()
-            for i, ranks in enumerate(groups):
-                if self.process_sets.find(ranks) is not None or ranks in [
-                        tuple(r) for r in self.initial_process_sets.values()]:
+            for ranks in groups:
+                if ranks in self.initial_process_sets.values():
                     raise ValueError(f"process set with ranks {list(ranks)} was given twice")
-                if self.rank in ranks:
-                    color = i
-            comm = self.data_comm.Split(color, self.rank)
-            for i, ranks in enumerate(groups):
+            for ranks in groups:
                 pid = len(self.initial_process_sets)
                 member = self.rank in ranks
                 target = ps if (member or ps.mpi_comm is None) else ProcessSet(list(ranks))
-                self.process_sets.register(target, pid, ranks, comm if member else None)
+                self.process_sets.register(target, pid, ranks)
                 self.initial_process_sets[pid] = tuple(ranks)
+
+    def ranks_of(self, ps):
+        """The global ranks of a ProcessSet (this rank's view of its
+        communicator, for one given by a communicator)."""
+        return self.transport.ranks_of(ps.mpi_comm) if ps.mpi_comm is not None else ps.ranks
 
     def expect_process_set(self, name, ps):
         self._pending_sets[name] = ps
 
     def apply_process_set_change(self, resp):
         """Runs on the background thread, at the same point of the op order
-        on every rank (Split is collective over all ranks)."""
+        on every rank. Backends make a set's communicators on its first
+        operation, and release them here when it is removed."""
         name = resp.names[0]
         if resp.op == pb.ADD_PROCESS_SET:
             ranks = list(resp.ranks)
             ps = self._pending_sets.pop(name, None) or ProcessSet(ranks)
-            member = self.rank in ranks
-            comm = self.data_comm.Split(0 if member else _undefined(), self.rank)
-            self.process_sets.register(ps, resp.value, ranks, comm if member else None)
+            self.process_sets.register(ps, resp.value, ranks)
             return ps
-        ps, comm = self.process_sets.unregister(resp.value)
-        if comm is not None:
-            comm.Free()
+        ps = self.process_sets.unregister(resp.value)
+        self.ops.remove_process_set(resp.value)
         return ps is not None
 
     def set_rank_of(self, process_set_id, global_rank):
@@ -238,33 +210,6 @@ def _dead_error(found):
 
     return RankFailedError(f"{describe_dead(found)} exited while the job was running; "
                            "collective operations that involve it can never complete")
-
-
-def _undefined():
-    from mpi4py import MPI
-
-    return MPI.UNDEFINED
-
-
-def _base_comm(MPI, comm):
-    if comm is None:
-        return MPI.COMM_WORLD
-    if hasattr(comm, "Get_group"):
-        return comm
-    ranks = sorted(int(r) for r in comm)
-    world = MPI.COMM_WORLD
-    if world.rank not in ranks:
-        raise ValueError(f"init(comm={ranks}): this process (rank {world.rank}) is not in "
-                         "the list")
-    return world.Create_group(world.Get_group().Incl(ranks))
-
-
-def _ranks_of(ps, base):
-    if ps.mpi_comm is not None:
-        group = ps.mpi_comm.Get_group()
-        return sorted(group.Translate_ranks(list(range(group.Get_size())),
-                                            base.Get_group()))
-    return ps.ranks
 
 
 def _groups_by_position(everyone, sets, size):

@@ -19,6 +19,7 @@ import numpy as np
 
 from coordinator import dtypes
 from coordinator.fusion import pack, unpack
+from coordinator.ops.mpi_ops import wait
 from coordinator.wire import pb
 
 TAG = 77
@@ -48,21 +49,21 @@ def adasum_vectors(comm, vec, segments):
         p2 *= 2
     other = np.empty_like(vec)
     if rank >= p2:  # fold into a partner, wait for the answer
-        yield [comm.Isend(vec, dest=rank - p2, tag=TAG)]
-        yield [comm.Irecv(vec, source=rank - p2, tag=TAG)]
+        yield wait(comm.Isend(vec, dest=rank - p2, tag=TAG))
+        yield wait(comm.Irecv(vec, source=rank - p2, tag=TAG))
         return vec
     if rank + p2 < size:
-        yield [comm.Irecv(other, source=rank + p2, tag=TAG)]
+        yield wait(comm.Irecv(other, source=rank + p2, tag=TAG))
         vec = combine(vec, other, segments)
     distance = 1
     while distance < p2:
         partner = rank ^ distance
-        yield [comm.Isend(vec, dest=partner, tag=TAG),
-               comm.Irecv(other, source=partner, tag=TAG)]
+        yield wait(comm.Isend(vec, dest=partner, tag=TAG),
+                   comm.Irecv(other, source=partner, tag=TAG))
         vec = combine(vec, other, segments) if rank < partner else combine(other, vec, segments)
         distance *= 2
     if rank + p2 < size:
-        yield [comm.Isend(vec, dest=rank + p2, tag=TAG)]
+        yield wait(comm.Isend(vec, dest=rank + p2, tag=TAG))
     return vec
 
 
@@ -70,12 +71,15 @@ class AdasumOps:
     name = "adasum"
 
     def __init__(self, comms, timeline):
-        self.comms = comms
+        self.comms = comms  # mpi_ops.Communicators, shared with the MPI backend
         self.timeline = timeline
 
     def enabled(self, response):
         return (response.op == pb.ALLREDUCE and response.reduce_op == pb.ADASUM
                 and response.device == -1)
+
+    def zeros(self, shape, dtype, device):
+        return np.zeros(shape, dtype)
 
     def allreduce(self, response, entries, names):
         comm = self.comms[response.process_set_id]

@@ -8,6 +8,7 @@ at the price of two extra intra-host steps.
 
 from mpi4py import MPI
 
+from coordinator.ops.mpi_ops import wait
 from coordinator.wire import pb
 
 REDUCIBLE = frozenset({pb.SUM, pb.AVERAGE, pb.MIN, pb.MAX, pb.PRODUCT})
@@ -16,32 +17,36 @@ REDUCIBLE = frozenset({pb.SUM, pb.AVERAGE, pb.MIN, pb.MAX, pb.PRODUCT})
 class HierarchicalAllreduce:
     name = "hierarchical"
 
-    def __init__(self, local_comm, cross_comm, local_rank):
-        self.local = local_comm  # the ranks of this host
-        self.cross = cross_comm  # the ranks with the same local rank, one per host
-        self.local_rank = local_rank
+    def __init__(self, comms, topology):
+        self.comms = comms  # mpi_ops.Communicators
+        self.topology = topology
+        self.local = self.cross = None  # made on first use
         self.calls = 0
 
     def applies(self, response):
         # The global set only: its hosts are known; a subset would need its
         # own host split.
+        topo = self.topology
         return (response.process_set_id == 0 and response.reduce_op in REDUCIBLE
-                and self.cross.size > 1 and self.local.size > 1)
+                and topo.cross_size > 1 and topo.local_size > 1)
 
     def allreduce_inplace(self, buf, mpi_type, mpi_op, names, begin, end):
         """A generator of non-blocking steps (see executor.py)."""
+        if self.local is None:
+            self.local = self.comms.group(self.topology.local_ranks, tag=1)
+            self.cross = self.comms.group(self.topology.cross_ranks, tag=2)
         self.calls += 1
-        root = self.local_rank == 0
+        root = self.topology.local_rank == 0
         begin(names, "MPI_REDUCE")
         if root:
-            yield [self.local.Ireduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op, root=0)]
+            yield wait(self.local.Ireduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op, root=0))
         else:
-            yield [self.local.Ireduce([buf, mpi_type], None, mpi_op, root=0)]
+            yield wait(self.local.Ireduce([buf, mpi_type], None, mpi_op, root=0))
         end(names)
         if root:
             begin(names, "MPI_ALLREDUCE")
-            yield [self.cross.Iallreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op)]
+            yield wait(self.cross.Iallreduce(MPI.IN_PLACE, [buf, mpi_type], mpi_op))
             end(names)
         begin(names, "MPI_BCAST")
-        yield [self.local.Ibcast([buf, mpi_type], root=0)]
+        yield wait(self.local.Ibcast([buf, mpi_type], root=0))
         end(names)

@@ -2,10 +2,16 @@
 
 Each method runs one planned Response on the entries this rank holds for it,
 in the order the Response lists them. It is a generator (see executor.py):
-it starts non-blocking MPI calls, yields their requests, and returns one
-result per entry, so a collective in flight never blocks the background
-thread. The order was decided by the controller; nothing here decides
-anything.
+it starts non-blocking MPI calls, yields what to wait for (`Requests`), and
+returns one result per entry, so a collective in flight never blocks the
+background thread. The order was decided by the controller; nothing here
+decides anything.
+
+The backend owns its communicators: one per process set, created on the
+set's first operation from the members alone (`Create_group`: every member
+reaches that operation at the same point of its set's order), and freed when
+the set is removed; the host-aware algorithms get theirs the same way. Its
+dtype policy is in mpi_reduce.py.
 
 Counts past what MPI's int arguments hold (2**31 - 1 elements or bytes; this
 Open MPI implements MPI 3.1, without the large-count calls) are split: a
@@ -17,8 +23,9 @@ into an allreduce.
 import numpy as np
 from mpi4py import MPI
 
-from coordinator import dtypes, native
+from coordinator import dtypes
 from coordinator.fusion import as_bytes, copy_scaled, pack, scale_inplace, unpack
+from coordinator.ops.mpi_reduce import reduction
 from coordinator.wire import pb
 
 # The largest count one MPI call takes (its count arguments are C ints).
@@ -27,6 +34,60 @@ INT_MAX = 2 ** 31 - 1
 PIECE = 1 << 30
 ALLTOALL_TAG = 78
 P2P_TAG = 79
+# Tags of Create_group: 1-4 for the host-aware algorithms, SET_TAG + id for sets.
+SET_TAG = 1000
+
+
+class Requests:
+    """What an MPI step waits for: non-blocking requests."""
+
+    __slots__ = ("requests",)
+
+    def __init__(self, requests):
+        self.requests = requests
+
+    def ready(self):
+        reqs = self.requests
+        return reqs[0].Test() if len(reqs) == 1 else MPI.Request.Testall(reqs)
+
+
+def wait(*requests):
+    return Requests(list(requests))
+
+
+class Communicators:
+    """This rank's communicators, one per process set it belongs to, made on
+    first use from `world` and the set's members."""
+
+    def __init__(self, world, members):
+        self.world = world
+        self.members = members  # process set id -> its global ranks
+        self._comms = {0: world}
+
+    def __getitem__(self, process_set_id):
+        comm = self._comms.get(process_set_id)
+        if comm is None:
+            ranks = self.members(process_set_id)
+            if ranks is None or self.world.rank not in ranks:
+                raise RuntimeError(f"this rank holds no communicator for process set "
+                                   f"{process_set_id}")
+            comm = self._comms[process_set_id] = self.group(ranks, tag=SET_TAG + process_set_id)
+        return comm
+
+    get = __getitem__
+
+    def group(self, ranks, tag=0):
+        """A communicator over `ranks` (global), made by those ranks alone."""
+        group = self.world.Get_group().Incl(list(ranks))
+        try:
+            return self.world.Create_group(group, tag)
+        finally:
+            group.Free()
+
+    def release(self, process_set_id):
+        comm = self._comms.pop(process_set_id, None)
+        if comm is not None and process_set_id != 0:
+            comm.Free()
 
 
 def _same_memory(a, b):
@@ -72,7 +133,7 @@ class MPIOps:
     name = "mpi"
 
     def __init__(self, comms, buffers, timeline, rank, algorithms=(), segment_bytes=0):
-        self.comms = comms  # process set id -> communicator (this rank's sets)
+        self.comms = comms  # Communicators
         # Allreduces larger than this run as consecutive calls of this size.
         self.segment_bytes = segment_bytes
         self.buffers = buffers
@@ -86,11 +147,14 @@ class MPIOps:
         return response.device == -1
 
     def _comm(self, response):
-        comm = self.comms.get(response.process_set_id)
-        if comm is None:
-            raise RuntimeError(f"this rank holds no communicator for process set "
-                               f"{response.process_set_id}")
-        return comm
+        return self.comms[response.process_set_id]
+
+    def remove_process_set(self, process_set_id):
+        self.comms.release(process_set_id)
+
+    def zeros(self, shape, dtype, device):
+        """A joined rank's stand-in for a tensor it did not submit."""
+        return np.zeros(shape, dtype)
 
     def _buffer(self, response, slot, count, dtype):
         """A fusion buffer of this response's lane (its process set): lanes
@@ -105,10 +169,10 @@ class MPIOps:
         if self.timeline.enabled:
             self.timeline.activity_end(names)
 
-    def _call(self, names, activity, requests):
-        """Yields `requests` (what to wait for) inside a timeline activity."""
+    def _call(self, names, activity, *requests):
+        """Waits for `requests` inside a timeline activity."""
         self._activity(names, activity)
-        yield requests
+        yield Requests(list(requests))
         self._activity_end(names)
 
     # ----------------------------------------------------------- allreduce
@@ -118,7 +182,7 @@ class MPIOps:
         large tensor in and out costs more than its own MPI call)."""
         comm = self._comm(response)
         info = dtypes.BY_WIRE[response.dtype]
-        rdtype, mpi_type, mpi_op = native.reduction(info, response.reduce_op)
+        rdtype, mpi_type, mpi_op = reduction(info, response.reduce_op)
         divisor = comm.size if response.reduce_op == pb.AVERAGE else 1
         reduce = (comm, self._algorithm(response), mpi_type, mpi_op, response.prescale,
                   response.postscale, divisor)
@@ -147,7 +211,7 @@ class MPIOps:
         if algorithm is None and pre == 1.0 and not _same_memory(src, out):
             self._activity(names, "MPI_ALLREDUCE")
             for part in self._segments(out.nbytes, out.itemsize):
-                yield [comm.Iallreduce([src[part], mpi_type], [out[part], mpi_type], mpi_op)]
+                yield wait(comm.Iallreduce([src[part], mpi_type], [out[part], mpi_type], mpi_op))
             self._activity_end(names)
         else:
             if pre != 1.0 or not _same_memory(src, out):
@@ -187,7 +251,7 @@ class MPIOps:
         if algorithm is None:
             self._activity(names, "MPI_ALLREDUCE")
             for part in self._segments(buf.nbytes, buf.itemsize):
-                yield [comm.Iallreduce(MPI.IN_PLACE, [buf[part], mpi_type], mpi_op)]
+                yield wait(comm.Iallreduce(MPI.IN_PLACE, [buf[part], mpi_type], mpi_op))
             self._activity_end(names)
         else:
             yield from algorithm.allreduce_inplace(buf, mpi_type, mpi_op, names,
@@ -235,8 +299,8 @@ class MPIOps:
         """Gathers each rank's `counts[r]` bytes into `recv`, in rank order."""
         displs = _displacements(counts)
         if _fits(counts, displs) and int(counts.sum()) <= INT_MAX:
-            yield from self._call(names, "MPI_ALLGATHER", [comm.Iallgatherv(
-                [send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])])
+            yield from self._call(names, "MPI_ALLGATHER", comm.Iallgatherv(
+                [send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE]))
             return
         # Past MPI's int counts: each rank broadcasts its block, in pieces.
         me = comm.rank
@@ -246,7 +310,7 @@ class MPIOps:
         for root in range(comm.size):
             block = recv[int(displs[root]):int(displs[root] + counts[root])]
             for part in _pieces(block.size):
-                yield [comm.Ibcast([block[part], MPI.BYTE], root=root)]
+                yield wait(comm.Ibcast([block[part], MPI.BYTE], root=root))
         self._activity_end(names)
 
     # ----------------------------------------------------------- broadcast
@@ -276,7 +340,7 @@ class MPIOps:
     def _bcast(self, comm, buf, root, names):
         self._activity(names, "MPI_BCAST")
         for part in _pieces(buf.size):
-            yield [comm.Ibcast([buf[part], MPI.BYTE], root=root)]
+            yield wait(comm.Ibcast([buf[part], MPI.BYTE], root=root))
         self._activity_end(names)
 
     # ------------------------------------------------------------ alltoall
@@ -296,8 +360,8 @@ class MPIOps:
         self._activity(names, "MPI_ALLTOALL")
         if (_fits(send_counts, send_displs) and _fits(recv_counts, recv_displs)
                 and int(send_counts.sum()) <= INT_MAX and int(recv_counts.sum()) <= INT_MAX):
-            yield [comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
-                                   [recv, (recv_counts, recv_displs), MPI.BYTE])]
+            yield wait(comm.Ialltoallv([send, (send_counts, send_displs), MPI.BYTE],
+                                   [recv, (recv_counts, recv_displs), MPI.BYTE]))
         else:  # past MPI's int counts: point-to-point, in pieces
             requests = []
             for peer in range(size):
@@ -310,7 +374,7 @@ class MPIOps:
                     requests.append(comm.Irecv([dst[part], MPI.BYTE], peer, ALLTOALL_TAG))
                 for part in _pieces(src.size):
                     requests.append(comm.Isend([src[part], MPI.BYTE], peer, ALLTOALL_TAG))
-            yield requests
+            yield Requests(requests)
         self._activity_end(names)
         return [(out, recv_rows)]
 
@@ -324,15 +388,15 @@ class MPIOps:
         self._activity(names, "MPI_SEND" if comm.rank == sender else "MPI_RECV")
         if comm.rank == sender:
             data = as_bytes(entries[0].tensor)
-            yield [comm.Isend([data[part], MPI.BYTE], receiver, P2P_TAG)
-                   for part in _pieces(data.size)]
+            yield Requests([comm.Isend([data[part], MPI.BYTE], receiver, P2P_TAG)
+                            for part in _pieces(data.size)])
             result = None
         else:
             spec = response.specs[0]
             result = np.empty(tuple(spec.shape), dtypes.BY_WIRE[spec.dtype].dtype)
             data = as_bytes(result)
-            yield [comm.Irecv([data[part], MPI.BYTE], sender, P2P_TAG)
-                   for part in _pieces(data.size)]
+            yield Requests([comm.Irecv([data[part], MPI.BYTE], sender, P2P_TAG)
+                            for part in _pieces(data.size)])
         self._activity_end(names)
         return [result]
 
@@ -341,7 +405,7 @@ class MPIOps:
         comm = self._comm(response)
         size, me = comm.size, comm.rank
         info = dtypes.BY_WIRE[response.dtype]
-        rdtype, mpi_type, mpi_op = native.reduction(info, response.reduce_op)
+        rdtype, mpi_type, mpi_op = reduction(info, response.reduce_op)
         divisor = size if response.reduce_op == pb.AVERAGE else 1
         rows = [reducescatter_rows(e.shape[0], size) for e in entries]
         row_elems = [_row_elems(e.shape) for e in entries]
@@ -366,8 +430,8 @@ class MPIOps:
                 offset += n
         self._activity_end(names)
         if _fits(counts):
-            yield from self._call(names, "MPI_REDUCESCATTER", [comm.Ireduce_scatter(
-                [send, mpi_type], [recv, mpi_type], counts, mpi_op)])
+            yield from self._call(names, "MPI_REDUCESCATTER", comm.Ireduce_scatter(
+                [send, mpi_type], [recv, mpi_type], counts, mpi_op))
         else:  # past MPI's int counts: reduce everything, keep this rank's share
             yield from self._reduce_inplace(comm, None, send, mpi_type, mpi_op, names)
             start = int(counts[:me].sum())

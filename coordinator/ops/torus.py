@@ -12,6 +12,7 @@ columns, instead of 2(P-1)/P in one flat ring over all P = XY ranks.
 import numpy as np
 from mpi4py import MPI
 
+from coordinator.ops.mpi_ops import wait
 from coordinator.wire import pb
 
 REDUCIBLE = frozenset({pb.SUM, pb.AVERAGE, pb.MIN, pb.MAX, pb.PRODUCT})
@@ -26,29 +27,33 @@ def shares(n, parts):
 class TorusAllreduce:
     name = "torus"
 
-    def __init__(self, row_comm, column_comm, homogeneous):
-        self.row = row_comm  # this host's ranks
-        self.column = column_comm  # same local rank on every host
-        self.homogeneous = homogeneous
+    def __init__(self, comms, topology):
+        self.comms = comms  # mpi_ops.Communicators
+        self.topology = topology
+        self.row = self.column = None  # this host's ranks; same local rank on every host
         self.calls = 0
 
     def applies(self, response):
+        topo = self.topology
         return (response.process_set_id == 0 and response.reduce_op in REDUCIBLE
-                and self.homogeneous and self.row.size > 1 and self.column.size > 1)
+                and topo.homogeneous and topo.local_size > 1 and topo.cross_size > 1)
 
     def allreduce_inplace(self, buf, mpi_type, mpi_op, names, begin, end):
         """A generator of non-blocking steps (see executor.py)."""
+        if self.row is None:
+            self.row = self.comms.group(self.topology.local_ranks, tag=3)
+            self.column = self.comms.group(self.topology.cross_ranks, tag=4)
         counts = np.array(shares(buf.size, self.row.size), dtype=np.int64)
         displs = np.zeros_like(counts)
         np.cumsum(counts[:-1], out=displs[1:])
         self.calls += 1
         part = np.empty(counts[self.row.rank], buf.dtype)
         begin(names, "MPI_REDUCESCATTER")
-        yield [self.row.Ireduce_scatter([buf, mpi_type], [part, mpi_type], counts, mpi_op)]
+        yield wait(self.row.Ireduce_scatter([buf, mpi_type], [part, mpi_type], counts, mpi_op))
         end(names)
         begin(names, "MPI_ALLREDUCE")
-        yield [self.column.Iallreduce(MPI.IN_PLACE, [part, mpi_type], mpi_op)]
+        yield wait(self.column.Iallreduce(MPI.IN_PLACE, [part, mpi_type], mpi_op))
         end(names)
         begin(names, "MPI_ALLGATHER")
-        yield [self.row.Iallgatherv([part, mpi_type], [buf, (counts, displs), mpi_type])]
+        yield wait(self.row.Iallgatherv([part, mpi_type], [buf, (counts, displs), mpi_type]))
         end(names)
