@@ -604,7 +604,10 @@ class Background:
         except Exception as exc:
             self._failed(resp, entries, exc)
             return
-        operation = Operation(resp, entries, shown, resp.process_set_id, gen, traced)
+        # A lane per communicator: the set's, on this device (a GPU's NCCL
+        # communicator and the set's MPI one run side by side).
+        lane = (resp.process_set_id, resp.device)
+        operation = Operation(resp, entries, shown, lane, gen, traced)
         for done in self.executor.start(operation):
             self._finish_op(done)
 

@@ -27,7 +27,7 @@ import collections
 import time
 
 from coordinator import dtypes
-from coordinator.ops_names import (device_name, display_name, format_ranks, op_name,
+from coordinator.ops_names import (display_name, format_ranks, op_name,
                                    reduce_op_name)
 from coordinator.response_cache import CoordinatorCache, float_key
 from coordinator.stall_inspector import StallInspector
@@ -116,9 +116,11 @@ def _fmt_float(value):
 
 # (label, extract, render) of the fields ranks must agree on, by op. Floats
 # are compared through float_key, so NaN equals NaN.
+# Ranks may hold the same tensor on different GPUs (each its local one): they
+# must agree on where it lives, CPU or GPU, not on the ordinal.
 _COMMON_FIELDS = [
     ("dtype", lambda r: r.dtype, dtypes.wire_name),
-    ("device", lambda r: r.device, device_name),
+    ("device", lambda r: r.device >= 0, lambda on_gpu: "GPU" if on_gpu else "CPU"),
 ]
 _REDUCE_FIELDS = [
     ("shape", _shape, _fmt_shape),

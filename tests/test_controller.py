@@ -454,3 +454,17 @@ def test_nan_scale_factors_on_every_rank_are_agreement():
     submit(ctl, 1, req("k", postscale=2.0))
     (bad,) = ctl.take_plans()
     assert "Mismatched postscale factor" in bad.response.error and "nan" in bad.response.error
+
+
+def test_ranks_on_different_gpus_agree_but_cpu_and_gpu_do_not():
+    ctl = Controller(3)
+    for rank in range(3):
+        submit(ctl, rank, req("g", device=rank))  # each rank's local GPU
+    (plan,) = ctl.take_plans()
+    assert not plan.response.error
+    submit(ctl, 0, req("h", device=0))
+    submit(ctl, 1, req("h", device=-1))
+    submit(ctl, 2, req("h", device=1))
+    (bad,) = ctl.take_plans()
+    assert bad.response.error == ("Mismatched device for allreduce of tensor 'h': rank 1 sent "
+                                  "device CPU; ranks 0, 2 sent GPU.")
