@@ -1,22 +1,24 @@
 """The one background thread of a process.
 
 Each turn of its loop it
-1. takes what the frontends submitted and describes it to the coordinator
-   (in full, or by response-cache id; refusals with their reason);
-2. on rank 0, feeds every rank's requests to the `Controller` and sends each
-   rank the responses it must run, in the one global order;
-3. starts the responses it received, in order, through the backends, and
-   completes the frontends' handles as their operations finish
-   (executor.py): a collective in flight never blocks the loop, so stall
-   checks, the watchdog and liveness keep running meanwhile.
+1. takes what the frontends submitted: in the global set, a tensor the
+   response cache knows waits for the next negotiation cycle and any other
+   for the next round; a tensor of another process set is described to rank
+   0 at once; a tensor whose operation already failed before this rank
+   submitted it (it owes it) fails at once;
+2. drives the negotiation (negotiation.py): posts and tests the cycle, runs
+   what it says is ready everywhere, and takes part in rounds (rank 0 runs
+   the `Controller` over every rank's requests and answers each); other
+   sets' requests and answers stream between the ranks and rank 0 as they
+   come, since their ranks alone take part;
+3. drives the operations in flight (executor.py) and completes the
+   frontends' handles as they finish: a collective in flight never blocks
+   the loop, so stall checks, the watchdog and liveness keep running.
 
 It is event-driven: a submission wakes it at once. While this rank has work
-in flight it polls the control channel and its operations with a short
-back-off; with nothing in flight it sleeps, waking only every
-`idle_poll_interval` for control messages, stalls and dead peers.
-
-It is handed its collaborators (`Collaborators`), not the runtime, so it can
-be built and driven without MPI beyond the control channel.
+in flight it polls with a short back-off; with nothing in flight it sleeps,
+waking only every `idle_poll_interval` for control messages, stalls and dead
+peers. It is handed its collaborators (`Collaborators`), not the runtime.
 """
 
 import ctypes
@@ -28,12 +30,15 @@ import time
 from typing import Any, Callable, Mapping
 
 from coordinator import dtypes
-from coordinator.control_channel import TAG_REQUEST, TAG_RESPONSE
+from coordinator.control_channel import (TAG_REQUEST, TAG_RESPONSE, TAG_ROUND,
+                                         TAG_ROUND_RESPONSE)
 from coordinator.controller import CACHEABLE, Controller
 from coordinator.errors import (HorovodInternalError, RankFailedError, ShutdownError,
                                 StallError, TensorMismatchError)
 from coordinator.executor import Executor, Operation
 from coordinator.liveness import describe_dead
+from coordinator.negotiation import (FLAG_CLASSIC, FLAG_FRESH, FLAG_PENDING, FLAG_REPORT,
+                                     SlotTable, complete_groups, plan_ready)
 from coordinator.ops_names import display_name, op_name
 from coordinator.response_cache import WorkerCache
 from coordinator.stall_inspector import StallInspector
@@ -54,21 +59,37 @@ ERROR_TYPES = {
 SHUTDOWN_TIMEOUT = 30.0
 
 # While work is in flight: poll without sleeping for SPIN_TIME seconds after
-# the last progress, plus SPIN_PER_TENSOR for each tensor in flight (rank 0
-# needs longer to decide on a burst of many), then sleep, doubling from
-# BACKOFF_MIN up to BACKOFF_MAX seconds. While a frontend thread is blocked
-# waiting for a result, the process has nothing else to run: poll for up to
-# SPIN_WAITED seconds instead, yielding the CPU between polls, because a
-# sleeping thread answers a peer's message only when its sleep ends (up to
-# BACKOFF_MAX late, at every hop of a negotiation). Only where every rank on
-# this machine has a CPU of its own: oversubscribed, the polling would take
-# the CPU from a rank that is still computing.
+# the last progress, plus SPIN_PER_TENSOR for each tensor in flight, then
+# sleep, doubling from BACKOFF_MIN up to BACKOFF_MAX seconds. While a
+# frontend thread is blocked waiting for a result, the process has nothing
+# else to run: poll for up to SPIN_WAITED seconds instead, yielding the CPU
+# between polls, because a sleeping thread answers a peer only when its
+# sleep ends. Only where every rank on this machine has a CPU of its own:
+# oversubscribed, the polling would take the CPU from a rank still computing.
 SPIN_TIME = 200e-6
 SPIN_PER_TENSOR = 10e-6
 SPIN_WAITED = 10e-3
 BACKOFF_MIN = 20e-6
 BACKOFF_MAX = 500e-6
 LIVENESS_PERIOD = 0.1
+# Once every rank is shutting down, how long operations in flight get.
+FINAL_GRACE = 1.0
+# How a negotiation cycle or round in flight is named to the watchdog.
+NEGOTIATION = "(a negotiation cycle)"
+# A cycle that moved nothing, with nothing new anywhere, is followed by the
+# next after CYCLE_BACKOFF_MIN seconds, doubling up to CYCLE_BACKOFF_MAX: the
+# ranks wait for each other without a busy loop of collectives.
+CYCLE_BACKOFF_MIN = 20e-6
+CYCLE_BACKOFF_MAX = 500e-6
+
+
+def _plans_of(responses, entries):
+    """Plans for the autotuner, which measures bytes per second by plan."""
+    from coordinator.controller import Plan
+
+    by_name = {e.name: e for e in entries}
+    return [Plan(resp, (), sum(by_name[n].tensor.nbytes for n in resp.names), list(resp.names))
+            for resp in responses]
 
 
 def _cpus():
@@ -106,6 +127,7 @@ class Collaborators:
     handles: Any  # HandleTable: how many frontend threads wait
     ops: Any  # OperationManager
     channel: Any  # ControlChannel: the control plane's messages
+    cycle: Any  # control_channel.Cycle: the negotiation cycle
     timeline: Any
     colocated: int  # ranks sharing this machine's CPUs
     initial_process_sets: Mapping[int, tuple]
@@ -119,7 +141,7 @@ class Collaborators:
 class Background:
     def __init__(self, parts: Collaborators):
         self.parts = parts
-        self.config = parts.config
+        self.config = cfg = parts.config
         self.rank = parts.rank
         self.size = parts.size
         self.queue = parts.queue
@@ -127,14 +149,37 @@ class Background:
         self.ops = parts.ops
         self.timeline = parts.timeline
         self.channel = parts.channel
+        self.cycle = parts.cycle
         self.executor = Executor()
         self.is_coordinator = self.rank == 0
         self.cache = WorkerCache()
-        self.cache_enabled = self.config.cache_capacity > 0
+        self.cache_enabled = cfg.cache_capacity > 0
+        self.slots = SlotTable(cfg.cache_capacity)
         self.spin_waited = waited_spin_budget(parts.colocated, _cpus())
+        # Negotiation state (negotiation.py).
+        self.fast = {}  # slot -> entry waiting for a cycle
+        self.classic = []  # global-set entries to describe in the next round
+        self.stream = []  # other sets' entries to describe to rank 0 now
+        self.sent = {}  # key -> entry described in a round, not answered yet
         self.sent_by_id = {}  # cache id -> entry sent as that id
-        self.resend = []  # entries the coordinator asked to have in full
-        cfg = self.config
+        self.owed = {}  # key -> [error Response]: failed before this rank submitted
+        self.owed_groups = {}  # (set, group) -> [error Response]
+        self.round = None  # the round under way: (number, {rank: RequestList} on rank 0)
+        self.rounds = 0
+        self.flags = 0  # what the last cycle said
+        self._fresh = False  # submitted since the last cycle was posted
+        self._woken = False  # asked to post a cycle (a ping, a report)
+        self._next_post = 0.0
+        self._cycle_backoff = 0.0
+        self._report_after = (cfg.stall_check_time / 2
+                              if cfg.stall_check_time > 0 and not cfg.stall_check_disable
+                              else float("inf"))
+        # What every rank plans cycles with; rank 0 sets them, rounds carry them.
+        self.params = {"fast": self.cache_enabled, "fusion_threshold": cfg.fusion_threshold,
+                       "pack_limit": cfg.pack_limit}
+        self.resend = []  # entries rank 0 asked to have in full
+        self._round_started = None
+        self._answered = 0  # rank 0: rounds answered; a worker: what rank 0 said it answered
         self.controller = None
         self.watchdog = None
         self.watch = None
@@ -164,13 +209,15 @@ class Background:
         self._shutdown_sent = False
         self._shutdown_asked_at = None
         self._final = None  # (Ibarrier request, deadline, reason) once shutting down
+        self._final_grace = None  # once every rank is shutting down: when to give up
         self.stopping = False  # shutting down: no new work is taken
         self.finished = False
         self._next_liveness = 0.0
         self._next_stall_check = 0.0
         self._next_watch = 0.0
         self._pinged = False  # rank 0 asked for a report
-        self.stats = {"cached_requests": 0, "full_requests": 0, "responses": 0}
+        self.stats = {"cached_requests": 0, "full_requests": 0, "responses": 0,
+                      "cycle_runs": 0}
         self.thread = threading.Thread(target=self._main, name="coordinator-background",
                                        daemon=True)
 
@@ -213,11 +260,14 @@ class Background:
             sleeps += 1
             wakeup.wait(timeout)
 
+    def _busy(self):
+        return bool(self.queue.inflight_count() or self.executor or self.cycle.in_flight
+                    or self.round is not None or self._final is not None
+                    or self._shutdown_wanted or self.flags & FLAG_PENDING)
+
     def _timeout(self, sleeps, last_progress):
         inflight = self.queue.inflight_count()
-        busy = (inflight or self.executor or self._final is not None
-                or self._shutdown_wanted or self.channel.progress())
-        if busy:
+        if self._busy() or self.channel.progress():
             spent = time.perf_counter() - last_progress
             if spent < SPIN_TIME + SPIN_PER_TENSOR * inflight:
                 return None
@@ -227,27 +277,23 @@ class Background:
             timeout = min(BACKOFF_MIN * (1 << min(sleeps, 16)), BACKOFF_MAX)
         else:
             timeout = self.config.idle_poll_interval
-        if self.controller is not None:
-            deadline = self.controller.next_deadline()
-            if deadline is not None:
-                timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        if self._next_post > 0 and not self.cycle.in_flight and self.round is None:
+            timeout = max(0.0, min(timeout, self._next_post - time.monotonic()))
         return timeout
 
     def _turn(self):
         worked = False
         entries = self.queue.drain()
-        requests = None
-        if entries or self.resend:
-            requests = self._request_list(entries)
+        if entries:
+            self._take(entries)
             worked = True
             if self.timeline.enabled:
                 self.timeline.mark_cycle()
         if self._final is not None:
             return self._final_turn() or worked
-        if self.is_coordinator:
-            worked |= self._coordinate(requests)
-        else:
-            worked |= self._work(requests)
+        worked |= self._control()
+        if not self.finished:
+            worked |= self._negotiate()
         if self.executor and not self.finished:
             worked |= self._progress()
         self.channel.progress()
@@ -259,23 +305,333 @@ class Background:
             worked |= self._watch(now)
         return worked
 
+    # ------------------------------------------------------------- intake
+    def _take(self, entries):
+        """Sorts submitted entries: owed ones fail, cached ones wait for the
+        cycle, the rest for the next round."""
+        now = time.monotonic()
+        paid_groups = {}
+        for e in entries:
+            if self._pay_owed(e, paid_groups):
+                continue
+            if not e.in_rounds:
+                self.stream.append(e)
+                continue
+            slot = self._slot_for(e)
+            if slot is not None:
+                e.cache_id = self.cache.lookup(e.key, e.signature())
+                self.fast[slot] = e
+                self.cycle.set(slot)
+                e.since = now
+            else:
+                self.classic.append(e)
+            self._fresh = True
+
+    def _pay_owed(self, e, paid_groups):
+        """True when `e` is this rank's copy of an operation that failed
+        before it was submitted: it fails the same way, at once."""
+        if e.rejected:
+            return False
+        owed = self.owed.get(e.key)
+        if owed is None and e.group:
+            gkey = (e.key[0], e.group)
+            resp = paid_groups.get(gkey)
+            if resp is None and self.owed_groups.get(gkey):
+                resp = paid_groups[gkey] = self.owed_groups[gkey].pop(0)
+                if not self.owed_groups[gkey]:
+                    del self.owed_groups[gkey]
+            if resp is not None:
+                self._fail_owed(e, resp)
+                return True
+            return False
+        if not owed:
+            return False
+        resp = owed.pop(0)
+        if not owed:
+            del self.owed[e.key]
+        self._fail_owed(e, resp)
+        return True
+
+    def _fail_owed(self, e, resp):
+        kind = ERROR_TYPES.get(resp.error_kind, HorovodInternalError)
+        self.queue.complete(e, error=kind(resp.error))
+
+    def _slot_for(self, e):
+        """The cycle slot of a cached global-set entry, or None (it waits for
+        a round)."""
+        if not self.params["fast"] or e.rejected or e.op not in CACHEABLE or e.key[0] != 0:
+            return None
+        cache_id = self.cache.lookup(e.key, e.signature())
+        return self.slots.slot(cache_id) if cache_id else None
+
+    # --------------------------------------------------------- negotiation
+    def _negotiate(self):
+        if self.round is not None:
+            return self._round_turn()
+        if self.cycle.in_flight:
+            result = self.cycle.test()
+            return result is not None and self._cycle_done(*result)
+        now = time.monotonic()
+        if self._post_due(now):
+            self._post(now)
+            return True
+        return False
+
+    def _pending(self):
+        """Waiting on something the global set's negotiation will decide."""
+        if self.fast or self.classic or self.sent:
+            return True
+        return self.is_coordinator and self.controller.has_global_pending()
+
+    def _post_due(self, now):
+        if self._fresh or self._woken or self.classic or self.resend:
+            return True
+        if self.is_coordinator and (self.controller.has_global_output()
+                                    or self._params_changed()):
+            return True
+        if self.flags & (FLAG_CLASSIC | FLAG_REPORT | FLAG_PENDING) or self._pending():
+            return now >= self._next_post
+        return False
+
+    def _post(self, now):
+        flags = 0
+        if self._fresh:
+            flags |= FLAG_FRESH
+        if self.classic or any(e.in_rounds for e in self.resend) or (
+                self.is_coordinator and (self.controller.has_global_output()
+                                         or self._params_changed())):
+            flags |= FLAG_CLASSIC
+        if self._pending():
+            flags |= FLAG_PENDING
+        if self.fast and any(now - e.since >= self._report_after and not e.reported
+                             for e in self.fast.values()):
+            flags |= FLAG_REPORT
+        self._fresh = False
+        self._woken = False
+        self.cycle.post(flags, now, self.slots.digest)
+
+    def _cycle_done(self, ready, flags, agree):
+        """Runs what the cycle found ready on every rank; starts a round if
+        anyone asked for one."""
+        if not agree:
+            self._die(HorovodInternalError(
+                f"rank {self.rank}: the ranks' negotiation cycle slots disagree (slot digest "
+                f"{self.slots.digest:#x}); running the cycle would combine different tensors, "
+                "so the coordinator stops (a bug: please report it)"))
+            return True
+        self.flags = flags
+        moved = self._run_ready(ready) if ready else False
+        if flags & (FLAG_CLASSIC | FLAG_REPORT):
+            self._start_round(bool(flags & FLAG_REPORT))
+            moved = True
+        if moved or flags & FLAG_FRESH:
+            self._cycle_backoff = 0.0
+        else:
+            self._cycle_backoff = min(max(2 * self._cycle_backoff, CYCLE_BACKOFF_MIN),
+                                      CYCLE_BACKOFF_MAX)
+        self._next_post = time.monotonic() + self._cycle_backoff
+        return True
+
+    def _run_ready(self, ready):
+        entries = complete_groups([self.fast[slot] for slot in ready if slot in self.fast])
+        if not entries:
+            return False
+        params = self.params
+        responses = plan_ready(entries, params["fusion_threshold"], params["pack_limit"])
+        for e in entries:
+            slot = self.slots.slot(e.cache_id)
+            del self.fast[slot]
+            self.cycle.clear(slot)
+            if e.reported and self.is_coordinator:
+                self.controller.forget(e.key)
+            elif e.reported:
+                pass  # rank 0 forgets it at the same point
+        self.stats["cycle_runs"] += len(responses)
+        if self.is_coordinator and self.timeline.enabled:
+            # What rank 0 saw of these negotiations: its own arrival, and the
+            # cycle that found them everywhere (rounds record every rank's).
+            for e in entries:
+                shown = display_name(e.key[0], e.name)
+                self.timeline.negotiate_start(shown, e.op, None, e.submit_time)
+                self.timeline.negotiate_rank_ready(shown, 0, e.submit_time)
+                self.timeline.negotiate_end(shown)
+        if self.autotuner is not None:
+            self.autotuner.observe(_plans_of(responses, entries))
+        for resp in responses:
+            self._execute(resp)
+        return True
+
+    # -------------------------------------------------------------- rounds
+    def _start_round(self, report):
+        """Every rank sends rank 0 what the cycle could not carry (possibly
+        nothing); with `report`, its cycle entries too, in full, once."""
+        number = self.rounds
+        self.rounds += 1
+        self._round_started = time.monotonic()
+        todo = [e for e in self.resend if e.in_rounds] + self.classic
+        self.resend = [e for e in self.resend if not e.in_rounds]
+        self.classic = []
+        rl = self._request_list(todo, number)
+        if report:
+            for e in self.fast.values():
+                if not e.reported:
+                    e.reported = True
+                    self._describe(rl, e, cached=False)
+        if self._shutdown_wanted and not self._shutdown_sent:
+            self._ask_shutdown()
+        if self.is_coordinator:
+            self.round = (number, {0: rl})
+        else:
+            self.channel.send(0, TAG_ROUND, rl.SerializeToString())
+            self.round = (number, None)
+
+    def _round_turn(self):
+        number, lists = self.round
+        if lists is None:  # a worker waits for rank 0's answer
+            for _, payload in self.channel.receive(TAG_ROUND_RESPONSE):
+                msg = pb.ResponseList()
+                msg.ParseFromString(payload)
+                self.round = None
+                self._apply_round(msg)
+                return True
+            return False
+        moved = False
+        for source, payload in self.channel.receive(TAG_ROUND):
+            msg = pb.RequestList()
+            msg.ParseFromString(payload)
+            lists[source] = msg
+            self.watchdog.heard(source)
+            moved = True
+        if len(lists) < self.size:
+            return moved
+        self.round = None
+        self._decide_round(lists)
+        return True
+
+    def _decide_round(self, lists):
+        """Rank 0: every rank's requests, in rank order, through the
+        Controller; each rank gets its plans, notices, resends, evictions and
+        the parameters cycles plan with."""
+        ctl = self.controller
+        for rank in range(self.size):
+            ctl.submit(rank, lists[rank])
+        now = time.monotonic()
+        self._inspect_stalls(now)
+        plans = ctl.take_plans(now)
+        if self.autotuner is not None:
+            self.autotuner.observe(plans)
+        notices = ctl.take_notices()
+        resends = ctl.take_resends()
+        params = self._desired_params()
+        outgoing = [pb.ResponseList(round=self.rounds - 1) for _ in range(self.size)]
+        self._answered = self.rounds
+        for plan in plans:
+            for rank in plan.recipients:
+                outgoing[rank].responses.append(plan.response)
+        for rank, owed in notices.items():
+            outgoing[rank].notices.extend(owed)
+        for rank, ids in resends.items():
+            outgoing[rank].resend.extend(ids)
+        cache = ctl.cache
+        for rank, msg in enumerate(outgoing):
+            ids, self._evict_seq[rank] = cache.evictions_since(self._evict_seq[rank])
+            msg.evicted.extend(ids)
+            msg.fast = params["fast"]
+            msg.fusion_threshold = params["fusion_threshold"]
+            msg.pack_limit = params["pack_limit"]
+            if rank:
+                self.channel.send(rank, TAG_ROUND_RESPONSE, msg.SerializeToString())
+        cache.trim_evictions(min(self._evict_seq))
+        self._apply_round(outgoing[0])
+
+    def _desired_params(self):
+        ctl = self.controller
+        fast = (self.cache_enabled and not ctl.joined() and not self.timeline.enabled)
+        return {"fast": fast, "fusion_threshold": ctl.fusion_threshold,
+                "pack_limit": ctl.pack_limit}
+
+    def _params_changed(self):
+        return self._desired_params() != self.params
+
+    def _apply_round(self, msg):
+        """A round's answer, applied in the same order on every rank:
+        parameters, evictions, notices, plans, resends."""
+        self.params = {"fast": msg.fast, "fusion_threshold": msg.fusion_threshold,
+                       "pack_limit": msg.pack_limit}
+        if not msg.fast:
+            for slot in list(self.fast):
+                self._unslot(slot)
+        for cache_id in msg.evicted:
+            self.cache.evict(cache_id)
+            slot = self.slots.release(cache_id)
+            if slot is not None and slot in self.fast:
+                self._unslot(slot)
+        for notice in msg.notices:
+            self._owe(notice)
+        for resp in msg.responses:
+            self._execute(resp)
+        if msg.resend:
+            self._resend_ids(msg.resend)
+
+    def _unslot(self, slot):
+        """A cycle entry goes back to rounds (its slot was evicted, or cycles
+        are off): described in full next time, unless rank 0 has it already."""
+        e = self.fast.pop(slot)
+        self.cycle.clear(slot)
+        if e.reported:
+            self.sent[e.key] = e
+        else:
+            self.classic.append(e)
+
+    def _owe(self, notice):
+        """This rank owes an operation that failed before it submitted it: a
+        copy already waiting here fails now, else the next submission will."""
+        pset = notice.process_set_id
+        if notice.group:
+            gkey = (pset, notice.group)
+            waiting = [e for e in self._waiting() if e.group == notice.group
+                       and e.key[0] == pset]
+            if waiting:
+                for e in waiting:
+                    self._drop_waiting(e)
+                    self._fail_owed(e, notice)
+            else:
+                self.owed_groups.setdefault(gkey, []).append(notice)
+            return
+        key = (pset, notice.names[0])
+        for e in self._waiting():
+            if e.key == key:
+                self._drop_waiting(e)
+                self._fail_owed(e, notice)
+                return
+        self.owed.setdefault(key, []).append(notice)
+
+    def _waiting(self):
+        return list(self.fast.values()) + list(self.classic)
+
+    def _drop_waiting(self, e):
+        slot = self.slots.slot(e.cache_id) if e.cache_id else None
+        if slot is not None and self.fast.get(slot) is e:
+            del self.fast[slot]
+            self.cycle.clear(slot)
+        elif e in self.classic:
+            self.classic.remove(e)
+
     # ------------------------------------------------------------ requests
-    def _request_list(self, entries):
-        rl = pb.RequestList()
-        todo = list(entries)
-        if self.resend:
-            todo = self.resend + todo
-            self.resend = []
-        for e in todo:
+    def _request_list(self, entries, number):
+        rl = pb.RequestList(round=number)
+        for e in entries:
             try:
                 self._describe(rl, e)
             except Exception as exc:  # one entry's description never stops the loop
-                self.queue.complete(e, error=HorovodInternalError(
+                self._done(e, error=HorovodInternalError(
                     f"{e.describe()}: could not be sent to the coordinator: {exc!r}"))
         return rl
 
-    def _describe(self, rl, e):
-        if self.cache_enabled and e.op in CACHEABLE and not e.rejected:
+    def _describe(self, rl, e, cached=True):
+        if not e.rejected and e.in_rounds:
+            self.sent[e.key] = e
+        if cached and self.cache_enabled and e.op in CACHEABLE and not e.rejected:
             cache_id = self.cache.lookup(e.key, e.signature())
             if cache_id:
                 self.stats["cached_requests"] += 1
@@ -283,7 +639,6 @@ class Background:
                 self.sent_by_id[cache_id] = e
                 rl.cached.add(cache_id=cache_id, submit_time=e.submit_time)
                 return
-        e.cache_id = 0
         self.stats["full_requests"] += 1
         req = pb.Request(name=e.name, op=e.op, shape=e.shape, process_set_id=e.process_set_id,
                          device=e.device, submit_time=e.submit_time)
@@ -306,100 +661,118 @@ class Background:
             req.group_size = e.group_size
         rl.requests.append(req)
 
-    # --------------------------------------------------------- coordinator
-    def _coordinate(self, requests):
+    def _resend_ids(self, ids):
+        """Rank 0 did not know these cache ids: describe them in full."""
+        for cache_id in ids:
+            self.cache.evict(cache_id)
+            entry = self.sent_by_id.pop(cache_id, None)
+            if entry is not None and not entry.done:
+                self.sent.pop(entry.key, None)
+                entry.cache_id = 0
+                self.resend.append(entry)
+        self.queue.wakeup.set()
+
+    # --------------------------------------------- messages outside rounds
+    def _control(self):
+        """Messages that do not wait for a round: watchdog reports and pings,
+        and shutdown."""
+        if self.is_coordinator:
+            return self._control_coordinator()
+        return self._control_worker()
+
+    def _control_coordinator(self):
         ctl = self.controller
         worked = False
-        answers = set()  # ranks that sent a watchdog report: they get an answer
-        if requests is not None:
-            ctl.submit(0, requests)
         if self._shutdown_wanted and not self._shutdown_sent:
             self._shutdown_sent = True
             ctl.request_shutdown(0, self._shutdown_why)
-            worked = True
         for source, payload in self.channel.receive(TAG_REQUEST):
             msg = pb.RequestList()
             msg.ParseFromString(payload)
+            worked = True
             self.watchdog.heard(source)
             if msg.shutdown and msg.shutdown_kind == pb.STALL:
                 # A worker gave up on this rank (it was stopped): so does the job.
                 self._stall_shutdown(f"rank {source}: {msg.shutdown_reason}")
                 return True
+            if msg.shutdown:
+                ctl.request_shutdown(source, msg.shutdown_reason)
             if msg.report:
                 self.watchdog.report(source, [(f.process_set_id, f.name, f.op, f.seconds)
                                               for f in msg.in_flight])
-                answers.add(source)
-            ctl.submit(source, msg)
+                self.channel.send(source, TAG_RESPONSE, b"")  # an empty answer: alive
+                self._woken = True  # a worker waits: take part in a cycle
+            if msg.requests or msg.cached:
+                ctl.submit(source, msg)
+        own = self._stream_requests()
+        if own is not None:
+            ctl.submit(0, own)
             worked = True
         now = time.monotonic()
-        if now >= self._next_stall_check:
-            period = ctl.stall_inspector.next_check(now)
-            self._next_stall_check = now + (period if period else 3600.0)
-            for text in ctl.inspect_stalls(now):
-                log.warning(text)
-        plans = ctl.take_plans(now)
+        self._inspect_stalls(now)
+        worked |= self._stream_out(now)
+        reason = ctl.shutdown_reason
+        if reason:
+            # `round`: how many rounds rank 0 answered; a worker waiting on a
+            # later one stops waiting.
+            payload = pb.ResponseList(shutdown=True, shutdown_reason=reason,
+                                      round=self._answered).SerializeToString()
+            for rank in range(1, self.size):
+                self.channel.send(rank, TAG_RESPONSE, payload)
+            self._begin_final(reason)
+            return True
+        return worked
+
+    def _stream_requests(self):
+        """This rank's other-set entries (and resends of them), described."""
+        todo = [e for e in self.resend if not e.in_rounds] + self.stream
+        if not todo:
+            return None
+        self.resend = [e for e in self.resend if e.in_rounds]
+        self.stream = []
+        return self._request_list(todo, 0)
+
+    def _stream_out(self, now):
+        """Rank 0: other sets' plans and the resends go out as decided; the
+        global set's wait for the next round."""
+        ctl = self.controller
+        plans = ctl.take_plans(now, global_set=False)
+        resends = ctl.take_resends()
+        if not plans and not resends:
+            return False
         if self.autotuner is not None:
             self.autotuner.observe(plans)
-        resends = ctl.take_resends()
-        reason = ctl.shutdown_reason
-        if not (plans or resends or reason or answers):
-            return worked
-        own = []
         outgoing = {}
-
-        def out(rank):
-            msg = outgoing.get(rank)
-            if msg is None:
-                msg = outgoing[rank] = pb.ResponseList()
-            return msg
-
-        for rank in answers:
-            out(rank)  # an empty ResponseList answers a report
+        own = []
         for plan in plans:
             for rank in plan.recipients:
                 if rank == 0:
                     own.append(plan.response)
                 else:
-                    out(rank).responses.append(plan.response)
+                    outgoing.setdefault(rank, pb.ResponseList()).responses.append(
+                        plan.response)
         for rank, ids in resends.items():
             if rank == 0:
                 self._resend_ids(ids)
             else:
-                out(rank).resend.extend(ids)
-        if reason:
-            for rank in range(1, self.size):
-                msg = out(rank)
-                msg.shutdown = True
-                msg.shutdown_reason = reason
-        cache = ctl.cache
+                outgoing.setdefault(rank, pb.ResponseList()).resend.extend(ids)
         for rank, msg in outgoing.items():
-            ids, self._evict_seq[rank] = cache.evictions_since(self._evict_seq[rank])
-            msg.evicted.extend(ids)
             self.channel.send(rank, TAG_RESPONSE, msg.SerializeToString())
-        ids, self._evict_seq[0] = cache.evictions_since(self._evict_seq[0])
-        for cache_id in ids:
-            self.cache.evict(cache_id)
-        if ids or len(outgoing) == self.size - 1:
-            cache.trim_evictions(min(self._evict_seq))
         for resp in own:
             self._execute(resp)
-        if reason:
-            self._begin_final(reason)
         return True
 
-    # -------------------------------------------------------------- worker
-    def _work(self, requests):
+    def _inspect_stalls(self, now):
+        if now < self._next_stall_check:
+            return
+        ctl = self.controller
+        period = ctl.stall_inspector.next_check(now)
+        self._next_stall_check = now + (period if period else 3600.0)
+        for text in ctl.inspect_stalls(now):
+            log.warning(text)
+
+    def _control_worker(self):
         worked = False
-        if self._shutdown_wanted and not self._shutdown_sent:
-            if requests is None:
-                requests = pb.RequestList()
-            requests.shutdown = True
-            requests.shutdown_reason = self._shutdown_why
-            self._shutdown_sent = True
-            self._shutdown_asked_at = time.monotonic()
-        if requests is not None:
-            self.channel.send(0, TAG_REQUEST, requests.SerializeToString())
-            worked = True
         for _, payload in self.channel.receive(TAG_RESPONSE):
             msg = pb.ResponseList()
             msg.ParseFromString(payload)
@@ -408,18 +781,25 @@ class Background:
             if msg.shutdown and msg.shutdown_kind == pb.STALL:
                 self._die(StallError(msg.shutdown_reason))
                 return True
-            for cache_id in msg.evicted:
-                self.cache.evict(cache_id)
+            if msg.ping:
+                self._pinged = True
+                self._next_watch = 0.0
+                self._woken = True  # rank 0 waits on a cycle: take part
+            if msg.shutdown:
+                self._answered = msg.round
+                self._begin_final(msg.shutdown_reason)
+                return True
             if msg.resend:
                 self._resend_ids(msg.resend)
             for resp in msg.responses:
                 self._execute(resp)
-            if msg.ping:
-                self._pinged = True
-                self._next_watch = 0.0
-            if msg.shutdown:
-                self._begin_final(msg.shutdown_reason)
-                return True
+        own = self._stream_requests()
+        if own is not None:
+            self.channel.send(0, TAG_REQUEST, own.SerializeToString())
+            worked = True
+        if self._shutdown_wanted and not self._shutdown_sent:
+            self._ask_shutdown()
+            worked = True
         if (self._shutdown_asked_at is not None
                 and time.monotonic() - self._shutdown_asked_at > SHUTDOWN_TIMEOUT):
             log.warning("rank %d: no shutdown confirmation from rank 0 after %.0f s; "
@@ -427,26 +807,29 @@ class Background:
             self._finish_final("shutdown() was not confirmed by rank 0")
         return worked
 
-    def _resend_ids(self, ids):
-        for cache_id in ids:
-            self.cache.evict(cache_id)
-            entry = self.sent_by_id.pop(cache_id, None)
-            if entry is not None and not entry.done:
-                self.resend.append(entry)
-        self.queue.wakeup.set()
+    def _ask_shutdown(self):
+        self._shutdown_sent = True
+        self._shutdown_asked_at = time.monotonic()
+        msg = pb.RequestList(shutdown=True, shutdown_reason=self._shutdown_why)
+        self.channel.send(0, TAG_REQUEST, msg.SerializeToString())
 
     # ----------------------------------------------------------- watchdog
     def _watch(self, now):
         """Watchdog duties (watchdog.py): rank 0 pings members of long-running
-        collectives and names the silent ones; a worker reports while busy
-        and notices rank 0 going silent."""
+        collectives (and cycles) and names the silent ones; a worker reports
+        while busy and notices rank 0 going silent."""
         if self.is_coordinator:
             return self._watch_members(now)
         return self._watch_coordinator(now)
 
     def _own_ops(self):
-        return [(op.response.process_set_id, op.names[0] if op.names else "", op.response.op,
-                 op.started) for op in self.executor.in_flight() if op.started is not None]
+        ops = [(op.response.process_set_id, op.names[0] if op.names else "", op.response.op,
+                op.started) for op in self.executor.in_flight() if op.started is not None]
+        if self.cycle.in_flight:
+            ops.append((0, NEGOTIATION, pb.BARRIER, self.cycle.posted_at))
+        elif self.round is not None:
+            ops.append((0, NEGOTIATION, pb.BARRIER, self._round_started))
+        return ops
 
     def _watch_members(self, now):
         dog = self.watchdog
@@ -471,7 +854,8 @@ class Background:
             self._next_watch = float("inf")
             return False
         self._next_watch = now + watch.period / 2
-        busy = bool(self.queue.inflight_count() or self.executor)
+        busy = bool(self.queue.inflight_count() or self.executor or self.cycle.in_flight
+                    or self.round is not None)
         sent = False
         if self._pinged or watch.report_due(busy, now):
             self._pinged = False
@@ -504,9 +888,9 @@ class Background:
         return "work submitted to it"
 
     def _stall_shutdown(self, text):
-        """A member stopped answering in the middle of a collective: its
-        peers can never finish it, so the job fails on every rank that can
-        still hear rank 0."""
+        """A member stopped answering in the middle of a collective (or a
+        cycle): its peers can never finish it, so the job fails on every rank
+        that can still hear rank 0."""
         log.error("%s", text)
         msg = pb.ResponseList(shutdown=True, shutdown_reason=text, shutdown_kind=pb.STALL)
         payload = msg.SerializeToString()
@@ -531,8 +915,9 @@ class Background:
             entry = self.queue.get((pset, name))
             if entry is None:
                 entry = self._stand_in(resp, name, i)
-            elif i < len(new_ids) and new_ids[i]:
-                self.cache.store(entry.key, entry.signature(), new_ids[i])
+            if entry is not None and i < len(new_ids) and new_ids[i]:
+                # A joined rank's stand-in too: every rank gives the id a slot.
+                self._store(entry, new_ids[i])
             entries.append(entry)
         for cache_id in resp.cache_ids:
             entry = self.sent_by_id.pop(cache_id, None)
@@ -558,10 +943,30 @@ class Background:
         shape = tuple(spec.shape)
         return Entry(name, resp.op, tensor=self.ops.zeros(resp, shape, info.dtype),
                      dtype_info=info, shape=shape, process_set_id=resp.process_set_id,
-                     device=resp.device)
+                     device=resp.device, reduce_op=resp.reduce_op, prescale=resp.prescale,
+                     postscale=resp.postscale, root_rank=resp.root_rank)
+
+    def _store(self, entry, cache_id):
+        """The cache id rank 0 gave this tensor; a global-set one also gets a
+        cycle slot (every rank stores the same ids in the same order)."""
+        signature = entry.signature()
+        self.cache.store(entry.key, signature, cache_id)
+        if entry.key[0] == 0 and entry.op in CACHEABLE:
+            self.slots.assign(cache_id, entry.key, signature)
 
     def _mine(self, entry):
         return entry is not None and self.queue.get(entry.key) is entry
+
+    def _done(self, e, result=None, error=None):
+        """Completes one of this rank's entries, wherever it waited."""
+        if self.sent.get(e.key) is e:
+            del self.sent[e.key]
+        if e.cache_id:
+            slot = self.slots.slot(e.cache_id)
+            if slot is not None and self.fast.get(slot) is e:
+                del self.fast[slot]
+                self.cycle.clear(slot)
+        self.queue.complete(e, result=result, error=error)
 
     def _execute(self, resp):
         self.stats["responses"] += 1
@@ -574,7 +979,7 @@ class Background:
             kind = ERROR_TYPES.get(resp.error_kind, HorovodInternalError)
             for e in entries:
                 if self._mine(e):
-                    self.queue.complete(e, error=kind(resp.error))
+                    self._done(e, error=kind(resp.error))
             return
         op = resp.op
         try:
@@ -632,7 +1037,7 @@ class Background:
             if self._mine(e):
                 if e.cache_id and self.sent_by_id.get(e.cache_id) is e:
                     del self.sent_by_id[e.cache_id]  # answered by name this time
-                self.queue.complete(e, result=result)
+                self._done(e, result=result)
 
     def _failed(self, resp, entries, exc):
         """A failed call fails these tensors only."""
@@ -641,7 +1046,7 @@ class Background:
             f"rank {self.rank}: {op_name(resp.op)} of tensor(s) {names} failed: {exc}")
         for e in entries:
             if self._mine(e):
-                self.queue.complete(e, error=err)
+                self._done(e, error=err)
 
     # ------------------------------------------------------------ shutdown
     def _begin_final(self, reason):
@@ -653,18 +1058,35 @@ class Background:
             f"{e.describe()}: the coordinator has shut down ({reason})"), keep=running)
         request = self.channel.barrier()
         self._final = (request, time.monotonic() + SHUTDOWN_TIMEOUT, reason)
+        # A cycle in flight is left as it is: nothing reads it any more, and
+        # MPI_Finalize does not wait for it (measured with Open MPI 5).
+        if self.round is not None and (self.round[1] is not None
+                                       or self.round[0] >= self._answered):
+            self.round = None  # rank 0 decides no more rounds
 
     def _final_turn(self):
         request, deadline, reason = self._final
         # Keep draining so no peer blocks on a message we never take.
         tag = TAG_REQUEST if self.is_coordinator else TAG_RESPONSE
         drained = bool(self.channel.receive(tag))
+        if self.round is not None:  # rank 0's answer to a round: run its operations
+            drained |= self._round_turn()
         self.channel.progress()
         if self.executor:
             drained |= self._progress()
-        if (request is None or request.Test()) and not self.executor:
+        now = time.monotonic()
+        if self._final_grace is None and (request is None or request.Test()):
+            # Every rank is shutting down: what they all started finishes at
+            # once; what some never started (a round's answer they dropped)
+            # never will.
+            self._final_grace = now + FINAL_GRACE
+        settled = not self.executor and self.round is None
+        if self._final_grace is not None and (settled or now > self._final_grace):
+            for op in self.executor.abandon():
+                self._failed(op.response, op.entries, ShutdownError(
+                    f"the coordinator shut down ({reason}) before it completed"))
             self._finish_final(reason)
-        elif time.monotonic() > deadline:
+        elif now > deadline:
             log.warning("rank %d: not every rank confirmed shutdown within %.0f s",
                         self.rank, SHUTDOWN_TIMEOUT)
             for op in self.executor.abandon():

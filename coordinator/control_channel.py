@@ -1,15 +1,23 @@
-"""The control plane's transport: serialized wire messages over MPI.
+"""The control plane's transport over MPI: wire messages, and the cycle.
 
 Messages travel on a communicator of their own (a `Dup` of the job's), so
 control traffic never mixes with tensor traffic. Sends are non-blocking and
 tracked until complete; receives probe without blocking, so the background
-thread never sits in a busy-polling MPI wait.
+thread never sits in a busy-polling MPI wait. The channel counts what it
+sends and receives, for the scale benchmark.
+
+`Cycle` is the steady-state negotiation's one collective (see
+negotiation.py): a non-blocking bitwise-AND allreduce of a small vector, on
+a communicator of its own.
 """
 
+import numpy as np
 from mpi4py import MPI
 
-TAG_REQUEST = 1  # worker -> coordinator: RequestList
-TAG_RESPONSE = 2  # coordinator -> worker: ResponseList
+TAG_REQUEST = 1  # worker -> coordinator, any time: reports, shutdown
+TAG_RESPONSE = 2  # coordinator -> worker, any time: answers, pings, shutdown
+TAG_ROUND = 3  # worker -> coordinator: its RequestList for a round
+TAG_ROUND_RESPONSE = 4  # coordinator -> worker: its ResponseList for a round
 
 
 class ControlChannel:
@@ -17,8 +25,12 @@ class ControlChannel:
         self.comm = comm
         self._sends = []  # (MPI request, payload kept alive until sent)
         self._status = MPI.Status()
+        # messages and bytes: sent, received
+        self.counts = {"sent": 0, "sent_bytes": 0, "received": 0, "received_bytes": 0}
 
     def send(self, dest, tag, payload):
+        self.counts["sent"] += 1
+        self.counts["sent_bytes"] += len(payload)
         req = self.comm.Isend([payload, MPI.BYTE], dest, tag)
         if not req.Test():
             self._sends.append((req, payload))
@@ -38,6 +50,8 @@ class ControlChannel:
             buf = bytearray(status.Get_count(MPI.BYTE))
             comm.Recv([buf, MPI.BYTE], source, tag)
             out.append((source, bytes(buf)))
+            self.counts["received"] += 1
+            self.counts["received_bytes"] += len(buf)
         return out
 
     def barrier(self):
@@ -56,6 +70,63 @@ class ControlChannel:
             except MPI.Exception:
                 pass
         self._sends = []
+
+
+class Cycle:
+    """One rank's side of the negotiation cycle: a non-blocking allreduce
+    (bitwise AND) of `bits` (one per cache slot), of a digest and its
+    complement (both survive the AND only where every rank sent the same
+    digest), and of a word of flags stored inverted, so that every rank
+    learns the slots set everywhere, whether the digests agree, and the
+    flags set anywhere."""
+
+    def __init__(self, comm, slots):
+        self.comm = comm
+        words = (slots + 63) // 64
+        self.bits = np.zeros(words, np.uint64)  # this rank's, kept up to date
+        self._send = np.zeros(words + 3, np.uint64)
+        self._recv = np.zeros(words + 3, np.uint64)
+        self._digest = 0
+        self._request = None
+        self.posted_at = None
+        self.cycles = 0
+        self.bytes = 0
+
+    @property
+    def in_flight(self):
+        return self._request is not None
+
+    def set(self, slot):
+        self.bits[slot >> 6] |= np.uint64(1 << (slot & 63))
+
+    def clear(self, slot):
+        self.bits[slot >> 6] &= ~np.uint64(1 << (slot & 63))
+
+    def post(self, flags, now, digest=0):
+        words = len(self.bits)
+        self._send[:words] = self.bits
+        self._send[words] = np.uint64(digest)
+        self._send[words + 1] = ~np.uint64(digest)
+        self._send[-1] = ~np.uint64(flags)
+        self._digest = digest
+        self._request = self.comm.Iallreduce(self._send, self._recv, MPI.BAND)
+        self.posted_at = now
+        self.bytes += self._send.nbytes
+
+    def test(self):
+        """None while in flight; then (slots set on every rank, flags set on
+        any rank, whether every rank posted the same digest)."""
+        if not self._request.Test():
+            return None
+        self._request = None
+        self.posted_at = None
+        self.cycles += 1
+        words = len(self.bits)
+        ready = np.flatnonzero(np.unpackbits(self._recv[:words].view(np.uint8),
+                                             bitorder="little"))
+        agree = (int(self._recv[words]) == self._digest
+                 and int(~self._recv[words + 1]) == self._digest)
+        return ready.tolist(), int(~self._recv[-1]), agree
 
 
 class Transport:
@@ -79,6 +150,10 @@ class Transport:
     def data_world(self):
         """A new communicator over the job's ranks, for a data backend."""
         return self.base.Dup()
+
+    def cycle(self, slots):
+        """The negotiation cycle, on a communicator of its own."""
+        return Cycle(self.base.Dup(), slots)
 
     def ranks_of(self, comm):
         """The job's ranks that a user's communicator holds, sorted."""

@@ -11,10 +11,12 @@ ranks that must run it, in the one order every rank follows. Along the way it
   naming each distinct value and the ranks that sent it;
 - fails an operation on every member when one member refused it
   (`Request.rejected`), when it stalled, or when its group cannot complete;
-  members that had not submitted it yet *owe* it, and their next submission
-  of that name (their copy of the failed operation) gets the same error, so
-  every rank's Nth submission of a name is only ever combined with the
-  others' Nth;
+  members that had not submitted it yet *owe* it, and their next
+  submission of that name (their copy of the failed operation) fails with
+  the same error, so every rank's Nth submission of a name is only ever
+  combined with the others' Nth. In the global set the ranks are sent a
+  notice (`take_notices`) and fail their copy themselves (it may never reach
+  rank 0: see negotiation.py); in other sets rank 0 answers their copy;
 - counts joined ranks as ready (they take part in allreduces with zeros; any
   other collective fails while a rank has joined, as in Horovod);
 - fuses ready tensors that can share one buffer, up to the fusion threshold;
@@ -29,6 +31,7 @@ import time
 from coordinator import dtypes
 from coordinator.ops_names import (display_name, format_ranks, op_name,
                                    reduce_op_name)
+from coordinator.negotiation import in_rounds
 from coordinator.response_cache import CoordinatorCache, float_key
 from coordinator.stall_inspector import StallInspector
 from coordinator.wire import pb
@@ -100,6 +103,10 @@ class _Group:
         self.op = op
         self.sizes = {}  # rank -> how many tensors its group holds
         self.done = []  # negotiations that completed, waiting for the rest
+
+
+def _round_bound(resp):
+    return in_rounds(resp.op, resp.process_set_id)
 
 
 def _shape(req):
@@ -204,10 +211,12 @@ class Controller:
         self._ready_since = None
         self._ready_bytes = 0
         self._groups = {}  # (process set, group key) -> _Group
-        # (process set, name) -> {rank: deque of error Responses}: operations
-        # that failed before these ranks submitted them.
+        # Global set: rank -> error Responses for operations that failed
+        # before the rank submitted them (a group's: `group` set, no names).
+        self._notices = {}
+        # Other sets: (set, name) -> {rank: deque of error Responses}, and
+        # (set, group) -> {rank: deque of (text, kind)}: answered on arrival.
         self._owed = {}
-        # (process set, group key) -> {rank: deque of (error text, kind)}
         self._owed_groups = {}
         # While one RequestList is processed: (group, rank) -> (text, kind)
         # for a failed group instance whose other members may still follow.
@@ -249,10 +258,10 @@ class Controller:
         name = req.name
         pset = negotiation_set(req.op, req.process_set_id)
         key = (pset, name)
-        if self._pay_owed(rank, key, req):
-            return
         gkey = (pset, req.group) if req.group else None
-        if gkey is not None and self._pay_owed_group(rank, gkey, req):
+        if gkey is not None and self._in_failed_group(rank, gkey, req):
+            return
+        if self._pay_owed(rank, key, req) or self._pay_notice(rank, key, gkey, req):
             return
         members = self.process_sets.get(pset)
         if members is None:
@@ -277,7 +286,7 @@ class Controller:
             return
         neg = self._pending.get(key)
         if neg is None:
-            neg = _Negotiation(name, pset, members, self.clock(), gkey)
+            neg = _Negotiation(name, pset, members, self._since(submit_time), gkey)
             self._pending[key] = neg
             if self._tracing():
                 self.timeline.negotiate_start(display_name(pset, name), req.op, req,
@@ -310,15 +319,31 @@ class Controller:
                        f"rank {rank}")
         return None
 
+    def _since(self, submit_time):
+        """When (on this clock) a request submitted at `submit_time` (seconds
+        since the epoch, on the submitting rank) was submitted: a tensor may
+        have waited in a negotiation cycle before it was described here, and
+        the stall inspector counts from the submission."""
+        now = self.clock()
+        if submit_time <= 0:
+            return now
+        return now - min(max(time.time() - submit_time, 0.0), 3600.0)
+
     # ---------------------------------------------------------------- output
-    def take_plans(self, now=None):
-        """The plans decided since the last call, in the order to run them."""
+    def take_plans(self, now=None, global_set=True):
+        """The plans decided since the last call, in the order to run them.
+        With global_set=False, the global set's stay for a later call (they
+        go out at negotiation rounds; see negotiation.py)."""
         if self._ready and not self._holding(now):
             self._plans.extend(self._fuse(self._ready))
             self._ready = []
             self._ready_since = None
             self._ready_bytes = 0
-        plans, self._plans = self._plans, []
+        if global_set:
+            plans, self._plans = self._plans, []
+        else:
+            plans = [p for p in self._plans if not _round_bound(p.response)]
+            self._plans = [p for p in self._plans if _round_bound(p.response)]
         return plans
 
     def take_resends(self):
@@ -334,10 +359,32 @@ class Controller:
     def has_pending(self):
         return bool(self._pending or self._ready or self._plans)
 
-    def owes(self, rank):
-        """Names (process set, name) whose failed operation `rank` has not
-        submitted yet; for tests and diagnostics."""
-        return sorted(k for k, owed in self._owed.items() if owed.get(rank))
+    def take_notices(self):
+        """rank -> error Responses of operations the rank owes (see above),
+        decided since the last call."""
+        notices, self._notices = self._notices, {}
+        return notices
+
+    def has_global_output(self):
+        """Something for the next round: global-set plans or notices."""
+        return bool(self._notices or any(_round_bound(p.response) for p in self._plans)
+                    or any(in_rounds(n.representative().op, n.process_set_id)
+                           for n in self._ready))
+
+    def has_global_pending(self):
+        return any(in_rounds(n.representative().op, n.process_set_id)
+                   for n in self._pending.values())
+
+    def joined(self):
+        """Whether some rank has joined (and not every rank yet)."""
+        return bool(self._joined)
+
+    def forget(self, key):
+        """Drops an open negotiation: the ranks ran the operation another way
+        (the steady-state path, after some of them had reported it)."""
+        neg = self._pending.pop(key, None)
+        if neg is not None:
+            self._negotiation_over(neg)
 
     # ------------------------------------------------------------ stalls
     def inspect_stalls(self, now=None):
@@ -366,7 +413,8 @@ class Controller:
     # ------------------------------------------------------- failure paths
     def _pay_owed(self, rank, key, req):
         """True when this submission is `rank`'s copy of an operation that
-        already failed: it gets that error (a refusal needs no answer)."""
+        already failed (outside the global set): it gets that error (a
+        refusal needs no answer)."""
         owed = self._owed.get(key)
         if not owed or rank not in owed:
             return False
@@ -380,7 +428,33 @@ class Controller:
             self._plans.append(Plan(resp, (rank,)))
         return True
 
-    def _pay_owed_group(self, rank, gkey, req):
+    def _pay_notice(self, rank, key, gkey, req):
+        """True when `rank` was to be told it owes this operation but has
+        submitted it before hearing so (the same round): it is answered
+        here, and the notice is withdrawn."""
+        notices = self._notices.get(rank)
+        if not notices:
+            return False
+        for i, notice in enumerate(notices):
+            if (notice.group and (notice.process_set_id, notice.group) == gkey) \
+                    or (not notice.group and (notice.process_set_id, notice.names[0]) == key):
+                break
+        else:
+            return False
+        if notice.group:
+            self._batch_failed[(gkey, rank)] = (notice.error, notice.error_kind)
+        del notices[i]
+        if not notices:
+            del self._notices[rank]
+        if not req.rejected:
+            self._plans.append(Plan(self._error_response(key[0], req, notice.error,
+                                                         notice.error_kind), (rank,)))
+        return True
+
+    def _in_failed_group(self, rank, gkey, req):
+        """True for the members of a group instance that failed (in this
+        rank's RequestList being read, or that the rank owes outside the
+        global set): they fail too."""
         failed = self._batch_failed.get((gkey, rank))
         if failed is None:
             owed = self._owed_groups.get(gkey)
@@ -398,9 +472,18 @@ class Controller:
             self._plans.append(Plan(self._error_response(gkey[0], req, text, kind), (rank,)))
         return True
 
-    def _owe(self, key, ranks, resp):
+    def _owe(self, ranks, resp):
+        """`ranks` owe the failed operation `resp` describes."""
         for rank in ranks:
-            self._owed.setdefault(key, {}).setdefault(rank, collections.deque()).append(resp)
+            if in_rounds(resp.op, resp.process_set_id):
+                self._notices.setdefault(rank, []).append(resp)
+            elif resp.group:
+                owed = self._owed_groups.setdefault((resp.process_set_id, resp.group), {})
+                owed.setdefault(rank, collections.deque()).append((resp.error,
+                                                                   resp.error_kind))
+            else:
+                owed = self._owed.setdefault((resp.process_set_id, resp.names[0]), {})
+                owed.setdefault(rank, collections.deque()).append(resp)
 
     def _fail_negotiation(self, neg, text, kind, excused=()):
         """Fails an open negotiation on the ranks that submitted it; the other
@@ -412,8 +495,8 @@ class Controller:
         self._negotiation_over(neg)
         resp = self._error_response(neg.process_set_id, neg.representative(), text, kind)
         self._plans.append(Plan(resp, sorted(neg.requests)))
-        self._owe(neg.key, [m for m in neg.members if m not in neg.requests
-                            and m not in excused and m not in self._joined], resp)
+        self._owe([m for m in neg.members if m not in neg.requests
+                   and m not in excused and m not in self._joined], resp)
 
     def _fail_group(self, gkey, text, kind, excused=()):
         """Fails every member of a group instance on the ranks that submitted
@@ -427,11 +510,11 @@ class Controller:
             self._plans.append(Plan(resp, sorted(neg.requests)))
         for rank in group.sizes:
             self._batch_failed[(gkey, rank)] = (text, kind)
-        members = self.process_sets.get(gkey[0], ())
-        for rank in members:
-            if rank not in group.sizes and rank not in excused and rank not in self._joined:
-                owed = self._owed_groups.setdefault(gkey, {})
-                owed.setdefault(rank, collections.deque()).append((text, kind))
+        notice = pb.Response(op=group.op, process_set_id=gkey[0], group=gkey[1], error=text,
+                             error_kind=kind)
+        self._owe([m for m in self.process_sets.get(gkey[0], ())
+                   if m not in group.sizes and m not in excused and m not in self._joined],
+                  notice)
 
     def _reject(self, rank, pset, req, members):
         """`rank` refused this operation (bad input on that rank): it fails on
@@ -453,7 +536,7 @@ class Controller:
             self._fail_negotiation(neg, text, pb.INVALID, excused=(rank,))
             return
         resp = self._error_response(pset, req, text, pb.INVALID)
-        self._owe(key, [m for m in members if m != rank and m not in self._joined], resp)
+        self._owe([m for m in members if m != rank and m not in self._joined], resp)
 
     def _join_group(self, rank, gkey, neg, req):
         """Records a group member; False when the group has failed (its

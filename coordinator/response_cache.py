@@ -22,9 +22,10 @@ def float_key(value):
 
 def request_signature(op, dtype, shape, reduce_op, root_rank, prescale, postscale,
                       process_set_id, device, group, group_size):
-    """Everything about a request that must match for the cache to apply."""
+    """Everything about a request that must match for the cache to apply.
+    The device counts as CPU or GPU: ranks hold a tensor on their own GPUs."""
     return (op, dtype, tuple(shape), reduce_op, root_rank, float_key(prescale),
-            float_key(postscale), process_set_id, device, group, group_size)
+            float_key(postscale), process_set_id, device >= 0, group, group_size)
 
 
 def signature_of(req):

@@ -88,6 +88,7 @@ class Runtime:
         self.background = Background(Collaborators(
             config=self.config, rank=self.rank, size=self.size, queue=self.queue,
             handles=self.handles, ops=self.ops, channel=self.transport.channel,
+            cycle=self.transport.cycle(self.config.cache_capacity),
             timeline=self.timeline,
             colocated=self.size if topo.simulated else topo.local_size,
             initial_process_sets=dict(self.initial_process_sets),

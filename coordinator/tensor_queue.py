@@ -29,7 +29,8 @@ class Entry:
     __slots__ = ("name", "op", "tensor", "output", "dtype_info", "shape", "reduce_op",
                  "root_rank", "prescale", "postscale", "process_set_id", "device", "splits",
                  "group", "group_size", "ranks", "submit_time", "cache_id", "_pending",
-                 "result", "error", "callback", "done", "key", "rejected")
+                 "result", "error", "callback", "done", "key", "rejected", "since",
+                 "reported", "ready_event", "done_event")
 
     def __init__(self, name, op, tensor=None, output=None, dtype_info=None, shape=(),
                  reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
@@ -56,8 +57,15 @@ class Entry:
         # Non-empty: this rank refused the operation; the entry only tells the
         # coordinator why, so the other ranks' copies fail too.
         self.rejected = rejected
+        self.since = 0.0  # when it started waiting for a negotiation cycle
+        self.reported = False  # described to rank 0 in full while waiting for cycles
         self.submit_time = 0.0
         self.cache_id = 0
+        # Device tensors: the event after which the tensor may be read (recorded
+        # on the submitting thread's stream), and the backend's DeviceWait for
+        # the work that wrote the result (gpu.py).
+        self.ready_event = None
+        self.done_event = None
         # Held until the entry completes: waiting is acquiring it. A bare lock
         # costs a fraction of a threading.Event on this hot path.
         self._pending = _thread.allocate_lock()
@@ -66,6 +74,11 @@ class Entry:
         self.error = None
         self.callback = callback
         self.done = False
+
+    @property
+    def in_rounds(self):
+        """Negotiated in the global set's cycles and rounds (negotiation.py)."""
+        return self.key[0] == 0 and self.op != pb.P2P
 
     @property
     def wire_dtype(self):

@@ -59,6 +59,8 @@ class InFlightOp:
         self.ranks = set(ranks)  # ranks known to be running it
 
     def describe(self):
+        if self.name.startswith("("):  # not a tensor: the negotiation itself
+            return self.name
         return _what(self.process_set_id, self.name, self.op)
 
 

@@ -67,6 +67,10 @@ def _loop_state(inflight, waiting, spin_waited):
     bg.queue = types.SimpleNamespace(inflight_count=lambda: inflight)
     bg.handles = types.SimpleNamespace(waiting=waiting)
     bg.executor = []
+    bg.cycle = types.SimpleNamespace(in_flight=False)
+    bg.round = None
+    bg.flags = 0
+    bg._next_post = 0.0
     bg.channel = types.SimpleNamespace(progress=lambda: False)
     bg.config = types.SimpleNamespace(idle_poll_interval=0.05)
     bg.controller = None

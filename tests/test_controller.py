@@ -260,9 +260,9 @@ def test_stall_warning_names_missing_ranks_and_expiry_fails_them():
     (plan,) = ctl.take_plans()
     assert plan.recipients == (0, 2) and plan.response.error_kind == pb.STALL
     assert "rank 1 did not submit it" in plan.response.error
-    submit(ctl, 1, req("slow"))
-    (late,) = ctl.take_plans()
-    assert late.recipients == (1,) and late.response.error_kind == pb.STALL
+    # Rank 1 owes it: its own copy fails on its side when it submits it.
+    (late,) = ctl.take_notices()[1]
+    assert list(late.names) == ["slow"] and late.error_kind == pb.STALL
 
 
 def test_cycle_time_holds_ready_tensors_to_fuse_more():
@@ -320,22 +320,20 @@ def _stalling(size, check=5, shutdown=10):
     return Controller(size, stall_inspector=inspector, clock=clock), clock
 
 
-def test_after_a_stall_each_rank_nth_submission_meets_the_others_nth():
+def test_after_a_stall_the_late_rank_owes_the_failed_step_and_the_next_meets():
     ctl, clock = _stalling(2)
     submit(ctl, 0, req("g"))  # step 1 of rank 0; rank 1 is late
     clock.now += 11
     ctl.inspect_stalls()
     (failed,) = ctl.take_plans()
     assert failed.recipients == (0,) and failed.response.error_kind == pb.STALL
+    assert [list(r.names) for r in ctl.take_notices()[1]] == [["g"]]
     submit(ctl, 0, req("g"))  # rank 0's step 2 opens a new negotiation
     assert ctl.take_plans() == []
-    submit(ctl, 1, req("g"))  # rank 1's step 1: the stalled one
-    (late,) = ctl.take_plans()
-    assert late.recipients == (1,) and late.response.error_kind == pb.STALL
-    submit(ctl, 1, req("g"))  # rank 1's step 2 meets rank 0's step 2
+    submit(ctl, 1, req("g"))  # rank 1's step 2 (its step 1 failed on its side)
     (step2,) = ctl.take_plans()
     assert step2.recipients == (0, 1) and not step2.response.error
-    assert not ctl.has_pending() and ctl.owes(1) == []
+    assert not ctl.has_pending()
 
 
 def test_a_rank_late_again_and_again_owes_every_stalled_step_in_order():
@@ -346,11 +344,8 @@ def test_a_rank_late_again_and_again_owes_every_stalled_step_in_order():
         ctl.inspect_stalls()
         (failed,) = ctl.take_plans()
         assert failed.recipients == (0,)
-    assert ctl.owes(1) == [(0, "g")]
-    for _ in range(3):
-        submit(ctl, 1, req("g"))
-        (late,) = ctl.take_plans()
-        assert late.recipients == (1,) and late.response.error_kind == pb.STALL
+    owed = ctl.take_notices()[1]
+    assert [list(r.names) for r in owed] == [["g"]] * 3
     submit(ctl, 0, req("g"))
     submit(ctl, 1, req("g"))
     (ok,) = ctl.take_plans()
@@ -366,23 +361,20 @@ def test_a_refusal_fails_the_operation_on_every_member_naming_the_rank():
     assert plan.recipients == (0,)
     assert plan.response.error == ("rank 1 rejected broadcast of tensor 'x': ValueError: "
                                    "invalid root rank 5")
-    submit(ctl, 2, req("x", op=pb.BROADCAST, root_rank=0))  # its copy of the refused op
-    (late,) = ctl.take_plans()
-    assert late.recipients == (2,) and "rank 1 rejected" in late.response.error
+    (late,) = ctl.take_notices()[2]  # rank 2 owes its copy of the refused op
+    assert "rank 1 rejected" in late.error
     for rank in range(3):  # the next one works
         submit(ctl, rank, req("x", op=pb.BROADCAST, root_rank=0))
     (ok,) = ctl.take_plans()
     assert not ok.response.error and ok.recipients == (0, 1, 2)
 
 
-def test_a_refusal_before_anyone_submitted_waits_for_the_others():
+def test_a_refusal_before_anyone_submitted_is_owed_by_the_others():
     ctl = Controller(2)
     submit(ctl, 1, pb.Request(name="x", rejected="ValueError: bad"))
     assert ctl.take_plans() == []
-    submit(ctl, 0, req("x"))
-    (plan,) = ctl.take_plans()
-    assert plan.recipients == (0,) and "rank 1 rejected allreduce of tensor 'x'" in \
-        plan.response.error
+    (owed,) = ctl.take_notices()[0]
+    assert "rank 1 rejected allreduce of tensor 'x'" in owed.error
 
 
 def test_group_size_mismatch_fails_every_member_on_every_rank():
@@ -395,10 +387,8 @@ def test_group_size_mismatch_fails_every_member_on_every_rank():
     assert plans and all("Mismatched group size" in p.response.error for p in plans)
     told = {(r, n) for p in plans for r in p.recipients for n in p.response.names}
     assert told == {(0, "g_1of2"), (0, "g_2of2"), (1, "g_1of3"), (1, "g_2of3"), (1, "g_3of3")}
-    submit(ctl, 2, *two)  # rank 2 had not submitted the group: it owes it
-    late = ctl.take_plans()
-    assert sorted(n for p in late for n in p.response.names) == ["g_1of2", "g_2of2"]
-    assert all(p.recipients == (2,) for p in late)
+    (owed,) = ctl.take_notices()[2]  # rank 2 had not submitted the group: it owes it
+    assert owed.group == "g" and "Mismatched group size" in owed.error
     for rank in range(3):  # the next group works
         submit(ctl, rank, *two)
     (ok,) = ctl.take_plans()
@@ -468,3 +458,28 @@ def test_ranks_on_different_gpus_agree_but_cpu_and_gpu_do_not():
     (bad,) = ctl.take_plans()
     assert bad.response.error == ("Mismatched device for allreduce of tensor 'h': rank 1 sent "
                                   "device CPU; ranks 0, 2 sent GPU.")
+
+
+def test_a_rank_that_submits_before_hearing_it_owes_gets_the_error_not_a_notice():
+    ctl = Controller(3)
+    submit(ctl, 0, req("b", op=pb.BROADCAST))
+    submit(ctl, 1, pb.Request(name="b", op=pb.BROADCAST, rejected="ValueError: bad root"))
+    submit(ctl, 2, req("b", op=pb.BROADCAST))  # same round, after rank 1's refusal
+    plans = ctl.take_plans()
+    assert sorted(p.recipients for p in plans) == [(0,), (2,)]
+    assert all("rank 1 rejected" in p.response.error for p in plans)
+    assert ctl.take_notices() == {} and not ctl.has_pending()
+
+
+def test_a_late_rank_in_a_process_set_gets_the_error_when_it_submits():
+    ctl, clock = _stalling(3)
+    ctl.register_process_set(1, [1, 2])
+    submit(ctl, 1, req("s", process_set_id=1))
+    clock.now += 11
+    ctl.inspect_stalls()
+    (failed,) = ctl.take_plans()
+    assert failed.recipients == (1,)
+    assert ctl.take_notices() == {}  # outside the global set rank 0 answers the copy
+    submit(ctl, 2, req("s", process_set_id=1))
+    (late,) = ctl.take_plans()
+    assert late.recipients == (2,) and late.response.error_kind == pb.STALL

@@ -172,7 +172,9 @@ def case_steady_state_uses_response_cache(hvd):
         for h in hs:
             assert_equal(hvd.synchronize(h), np.full(4, float(step) * hvd.size()))
     assert len(bg.cache) >= before + 6, (before, len(bg.cache))
-    assert bg.stats["cached_requests"] >= 6 * 3, bg.stats
+    # After the first step, every step runs from the negotiation cycle: no
+    # description goes to rank 0.
+    assert bg.stats["cycle_runs"] >= 4, bg.stats
 
 
 # ------------------------------------------------------------------ allgather

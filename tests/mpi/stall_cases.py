@@ -64,7 +64,7 @@ def case_after_a_stall_every_rank_stays_in_step(hvd):
 
 def case_a_rank_late_again_and_again_stays_in_step(hvd):
     late = {2, 5, 6}
-    _check_in_step(hvd, _steps_in_step(hvd, late, nap=3.6, steps=10, name="g.often"), late)
+    _check_in_step(hvd, _steps_in_step(hvd, late, nap=4.0, steps=10, name="g.often"), late)
 
 
 def case_a_send_nobody_receives_is_a_stall_naming_the_receiver(hvd):

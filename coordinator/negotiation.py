@@ -1,0 +1,146 @@
+"""How the ranks agree on what runs next: cycles, and rounds when needed.
+
+Steady state (every tensor of a step already in the response cache): no
+message to rank 0 at all. Every rank holds the same cache, with each global
+set's cached tensor in the same *slot* (rank 0 assigns ids in responses that
+every rank runs, and every rank gives slots the same way: `SlotTable`). A
+*cycle* is one non-blocking bitwise-AND allreduce (control_channel.Cycle):
+each rank sets the bits of the slots it has submitted and not yet run, and
+raises flags. When it completes every rank knows the same set of slots
+submitted everywhere, and plans them the same way (`plan_ready`), in slot
+order; so rank 0's work per step does not grow with the number of ranks,
+and the traffic is one small collective per cycle.
+
+The flags (set on any rank, so every rank sees them):
+- CLASSIC: a *round* follows. Every rank sends rank 0 its RequestList (the
+  tensors the cycle cannot carry: uncached or changed ones, other process
+  sets, allgather, alltoall, send/recv, barrier, join, refusals), possibly
+  empty; rank 0 runs the Controller over all of them and answers each rank
+  with the plans it runs, the notices of what it owes, and the parameters
+  the cycle plans with. Rank 0 raises it whenever it has something to tell.
+- PENDING: someone still waits for something: everyone posts the next
+  cycle (after a short back-off if nothing moved). With nothing pending
+  anywhere, nobody cycles and an idle job sends nothing.
+- REPORT: someone's steady-state tensor has waited for half the stall check
+  time: in the next round every rank describes its waiting tensors in full,
+  so rank 0's stall inspector sees who is missing (and can fail them, at a
+  round, the same way on every rank).
+- FRESH: someone submitted since its last cycle: post the next at once.
+
+A rank that is idle (nothing submitted) does not post; a cycle it holds up
+completes when it submits, or when rank 0's watchdog pings it (a ping makes
+an idle rank post).
+"""
+
+import heapq
+import zlib
+
+from coordinator.response_cache import float_key
+from coordinator.wire import pb
+
+def in_rounds(op, process_set_id):
+    """Whether an operation is negotiated in cycles and rounds: the global
+    set's, where every rank takes part. Other sets' and send/recv (two
+    ranks) stream to rank 0 and back, so that ranks outside them never hold
+    them up."""
+    return process_set_id == 0 and op != pb.P2P
+
+
+FLAG_CLASSIC = 1
+FLAG_PENDING = 2
+FLAG_REPORT = 4
+FLAG_FRESH = 8
+
+
+class SlotTable:
+    """Cache id -> slot for the global set's cached tensors. Every rank
+    applies the same evictions and assignments in the same order (at rounds)
+    and takes the lowest free slot, so slots agree everywhere.
+
+    `digest` sums up what sits in which slot (XOR of a 64-bit value per slot,
+    from the slot, the tensor's name and its description). Every cycle
+    checks that it is the same on every rank before running anything: a
+    disagreement would reduce different tensors together."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self._free = list(range(capacity))
+        self._by_id = {}  # cache id -> (slot, its digest value)
+        self.digest = 0
+
+    def assign(self, cache_id, key=None, signature=None):
+        item = self._by_id.get(cache_id)
+        if item is not None:
+            return item[0]
+        if not self._free:
+            return None
+        slot = heapq.heappop(self._free)
+        text = repr((key, signature)).encode("utf-8", "backslashreplace")
+        value = (zlib.crc32(text) << 32 | zlib.crc32(text[::-1]) ^ slot) & (2 ** 64 - 1)
+        self._by_id[cache_id] = (slot, value)
+        self.digest ^= value
+        return slot
+
+    def release(self, cache_id):
+        item = self._by_id.pop(cache_id, None)
+        if item is None:
+            return None
+        heapq.heappush(self._free, item[0])
+        self.digest ^= item[1]
+        return item[0]
+
+    def slot(self, cache_id):
+        item = self._by_id.get(cache_id)
+        return item[0] if item is not None else None
+
+    def __len__(self):
+        return len(self._by_id)
+
+
+def _fusion_key(e):
+    if e.op == pb.BROADCAST:
+        return (e.op, e.process_set_id, e.root_rank, e.device >= 0)
+    return (e.op, e.process_set_id, e.wire_dtype, e.reduce_op, float_key(e.prescale),
+            float_key(e.postscale), e.device >= 0)
+
+
+def complete_groups(entries):
+    """The entries whose group (if any) is complete among `entries`: a group
+    runs all together or waits."""
+    counts = {}
+    for e in entries:
+        if e.group:
+            counts[e.group] = counts.get(e.group, 0) + 1
+    return [e for e in entries if not e.group or counts[e.group] == e.group_size]
+
+
+def plan_ready(entries, fusion_threshold, pack_limit):
+    """Responses for cached entries ready on every rank, in the given (slot)
+    order, fused as the Controller fuses: the same on every rank, since
+    every rank's entry in a slot has the same description."""
+    buckets, order = {}, []
+    for e in entries:
+        nbytes = e.tensor.nbytes
+        if fusion_threshold <= 0:
+            order.append([e])
+            continue
+        key = _fusion_key(e)
+        bucket = buckets.get(key)
+        if bucket is not None and bucket[1] + nbytes <= fusion_threshold:
+            bucket[0].append(e)
+            bucket[1] += nbytes
+        else:
+            bucket = buckets[key] = [[e], nbytes]
+            order.append(bucket[0])
+    responses = []
+    for group in order:
+        first = group[0]
+        resp = pb.Response(op=first.op, process_set_id=first.process_set_id,
+                           dtype=first.wire_dtype, reduce_op=first.reduce_op,
+                           prescale=first.prescale, postscale=first.postscale,
+                           root_rank=first.root_rank, device=first.device,
+                           names=[e.name for e in group])
+        if first.op == pb.ALLREDUCE:
+            resp.pack_limit = pack_limit
+        responses.append(resp)
+    return responses
