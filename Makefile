@@ -12,7 +12,7 @@ OUT ?= out
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench test-gpu
 
 install: $(STAMP)
 
@@ -42,6 +42,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m coordinator.bench
+
+# The GPU tests (tests/gpu) at np=2, on the GPU machine: there, from a copy of
+# this checkout carrying .device/ (bash ../shared/gpu/prepare.sh fills it here)
+# and coordinator/_wire. Elsewhere they skip, saying why.
+test-gpu:
+	bash .device/device_env.sh bash -c '$$MPIRUN2 $$PY -m pytest -q -rs -p no:cacheprovider tests/gpu'
 
 clean:
 	rm -rf $(VENV) build *.egg-info coordinator/_wire $(OUT)

@@ -167,9 +167,9 @@ def stop_timeline():
 
 
 # What this build holds, for every frontend's *_built / *_enabled queries.
-# Data moves over MPI (mpi4py); there is no Gloo, NCCL, oneCCL, DDL, CUDA or
-# ROCm code, so those report False (NCCL: 0, the version code Horovod returns
-# when it is absent).
+# Host data moves over MPI (mpi4py); CUDA arrays go through CuPy, and through
+# NCCL where CuPy can load it (coordinator/gpu.py). There is no Gloo, oneCCL,
+# DDL or ROCm code, so those report False.
 def mpi_built():
     return importlib.util.find_spec("mpi4py") is not None
 
@@ -187,7 +187,11 @@ def gloo_enabled():
 
 
 def nccl_built():
-    return 0
+    """NCCL's version code where CuPy can load NCCL (e.g. 22809 for 2.28.9),
+    else 0, as Horovod returns when it was built without NCCL."""
+    from coordinator import gpu
+
+    return gpu.nccl_version()
 
 
 def ccl_built():
@@ -199,7 +203,10 @@ def ddl_built():
 
 
 def cuda_built():
-    return False
+    """True where CuPy is installed: CUDA arrays need it (a GPU is not asked for)."""
+    from coordinator import gpu
+
+    return gpu.cupy_installed()
 
 
 def rocm_built():

@@ -19,6 +19,20 @@ state, and reports medians and their ratio:
       in float32), and against raw MPI_Allreduce on float16;
   (g) what the timeline costs: one step of a small CNN's 10 gradients
       (160 k floats) with tracing on against the same step with it off.
+
+On GPUs (`--gpu`, CuPy arrays; each rank on GPU local_rank % devices):
+
+  (A) one 64 MiB float32 allreduce vs a bare `cupy.cuda.nccl` allReduce of
+      the same buffer on a stream of its own;
+  (B) ResNet-50's 161 gradients submitted asynchronously then waited for,
+      vs the better of bare per-tensor NCCL calls and one fused NCCL call
+      (copies in and out included).
+
+Two ranks sharing one GPU need a different NCCL_HOSTID each, so on the GPU
+machine run it under its mpirun recipe:
+    bash .device/device_env.sh bash -c '$MPIRUN2 $PY -m coordinator.bench --gpu'
+and the training steps against DDP (NCCL) with
+    examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl
 """
 
 import argparse
@@ -32,6 +46,7 @@ import time
 import numpy as np
 
 CASES = "abcdefg"
+GPU_CASES = "AB"
 
 
 def resnet50_shapes():
@@ -249,6 +264,87 @@ class Bench:
         sys.stdout.flush()
 
 
+class GpuBench(Bench):
+    """The GPU cases, against bare NCCL through CuPy in the same processes."""
+
+    def __init__(self, repeats):
+        import cupy
+        from cupy.cuda import nccl
+
+        super().__init__(repeats)
+        self.cp, self.nccl = cupy, nccl
+        cupy.cuda.Device(self.hvd.local_rank() % cupy.cuda.runtime.getDeviceCount()).use()
+        uid = self.comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
+        self.bare = nccl.NcclCommunicator(self.hvd.size(), uid, self.rank)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    def _bare_allreduce(self, src, dst):
+        self.bare.allReduce(src.data.ptr, dst.data.ptr, src.size, self.nccl.NCCL_FLOAT32,
+                            self.nccl.NCCL_SUM, self.stream.ptr)
+
+    def case_A(self):
+        cp, hvd = self.cp, self.hvd
+        x = cp.ones(64 * 1024 * 1024 // 4, cp.float32)
+        bare_out, ours_out = cp.empty_like(x), cp.empty_like(x)
+        cp.cuda.Device().synchronize()  # the bare stream does not wait for the default one
+
+        def bare():
+            self._bare_allreduce(x, bare_out)
+            self.stream.synchronize()
+
+        raw, ours = self._alternate(
+            bare, lambda: hvd.allreduce(x, op=hvd.Sum, name="bench.A", output=ours_out),
+            max(5, self.repeats // 4))
+        assert bool((bare_out == ours_out).all())
+        self.rows.append(("(A) 64 MiB CUDA allreduce vs bare NCCL", _median_ms(raw),
+                          _median_ms(ours), "ms", _median_ms(ours) / _median_ms(raw),
+                          "<= 1.05x bare"))
+
+    def case_B(self):
+        cp, hvd, stream = self.cp, self.hvd, self.stream
+        grads = [cp.ones(s, cp.float32) for s in resnet50_shapes()]
+        outs = [cp.empty_like(g) for g in grads]
+        buf = cp.empty(sum(g.size for g in grads), cp.float32)
+        cp.cuda.Device().synchronize()
+
+        def per_tensor():
+            for g, o in zip(grads, outs):
+                self._bare_allreduce(g, o)
+            stream.synchronize()
+
+        def fused():
+            with stream:
+                cp.concatenate([g.reshape(-1) for g in grads], out=buf)
+                self._bare_allreduce(buf, buf)
+                off = 0
+                for o in outs:
+                    cp.copyto(o.reshape(-1), buf[off:off + o.size])
+                    off += o.size
+            stream.synchronize()
+
+        def ours():
+            handles = [hvd.allreduce_async(g, op=hvd.Sum, name=f"bench.B.{i}", output=o)
+                       for i, (g, o) in enumerate(zip(grads, outs))]
+            for h in handles:
+                hvd.synchronize(h)
+
+        reps = max(5, self.repeats // 4)
+        raw1, ours1 = self._alternate(per_tensor, ours, reps)
+        raw2, ours2 = self._alternate(fused, ours, reps)
+        best = min(_median_ms(raw1), _median_ms(raw2))
+        mine = _median_ms(ours1 + ours2)
+        which = "per-tensor" if _median_ms(raw1) <= _median_ms(raw2) else "fused"
+        self.rows.append((f"(B) ResNet-50 161 CUDA grads (bare: {which})", best, mine, "ms",
+                          mine / best, "<= 1.10x bare"))
+
+    def report(self):
+        if self.rank == 0:
+            name = self.cp.cuda.runtime.getDeviceProperties(self.cp.cuda.Device().id)["name"]
+            name = name.decode() if isinstance(name, bytes) else name
+            print(f"GPU: {name}, NCCL {self.nccl.get_version()}")
+        super().report()
+
+
 def _launch(args):
     """Runs the MPI cases as one job, then case (e) as a job of its own."""
     status = 0
@@ -256,6 +352,8 @@ def _launch(args):
     if mpi_cases:
         cmd = [sys.executable, "-m", "coordinator.run", "-np", str(args.np), sys.executable,
                "-m", "coordinator.bench", "--cases", mpi_cases, "--repeats", str(args.repeats)]
+        if args.gpu:
+            cmd.append("--gpu")
         status = subprocess.call(cmd)
     if "e" in args.cases:
         status = _case_e(args) or status
@@ -283,12 +381,18 @@ def _case_e(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--cases", default=CASES)
+    parser.add_argument("--cases", default=None,
+                        help=f"letters of the cases to run (default {CASES}; {GPU_CASES} "
+                             "with --gpu)")
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--gpu", action="store_true",
+                        help="the GPU cases, on CuPy arrays (needs CuPy, NCCL and a GPU)")
     args = parser.parse_args(argv)
+    if args.cases is None:
+        args.cases = GPU_CASES if args.gpu else CASES
     if "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
         return _launch(args)
-    bench = Bench(args.repeats)
+    bench = GpuBench(args.repeats) if args.gpu else Bench(args.repeats)
     for case in args.cases:
         getattr(bench, f"case_{case}")()
     bench.report()

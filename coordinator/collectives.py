@@ -5,6 +5,11 @@ on the calling rank, turns it into an `Entry` and queues it for the
 background thread, returning an int handle at once. The blocking variant is
 generated from it (`_blocking`): submit, then `synchronize`.
 
+Tensors are NumPy arrays (anything `np.asarray` takes) or CUDA arrays
+(CuPy, `__cuda_array_interface__`, DLPack), which stay where they are: the
+core views them with CuPy and records their device (gpu.py). CuPy is
+imported only when a CUDA array arrives.
+
 Input this rank refuses (a bad root, bad splits, an unsupported dtype, ...)
 raises ValueError here, and the refusal goes to the coordinator too, so the
 other ranks' copies of the operation fail at once, naming this rank and its
@@ -20,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from coordinator import dtypes, runtime
+from coordinator import dtypes, gpu, runtime
 from coordinator.errors import NotInitializedError
 from coordinator.ops_names import CPU_DEVICE
 from coordinator.process_sets import ProcessSet, global_process_set
@@ -102,8 +107,16 @@ def _process_set(process_set, rt, what):
 
 
 def _array(tensor, what, reducible):
-    arr = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
-    info = dtypes.info_for(arr.dtype)
+    """(array, dtype info, device): a NumPy array (device -1), or a CuPy view of
+    a CUDA array and its device ordinal."""
+    if isinstance(tensor, np.ndarray):
+        arr, device = tensor, CPU_DEVICE
+        info = dtypes.info_for(arr.dtype)
+    elif gpu.is_device_array(tensor):
+        arr, info, device = gpu.as_device_array(tensor, what)
+    else:
+        arr, device = np.asarray(tensor), CPU_DEVICE
+        info = dtypes.info_for(arr.dtype)
     if info is None:
         raise ValueError(f"{what}: dtype {arr.dtype} is not supported (supported: "
                          f"{dtypes.SUPPORTED_NAMES})")
@@ -111,13 +124,15 @@ def _array(tensor, what, reducible):
         raise ValueError(f"{what}: dtype {arr.dtype} cannot be reduced; allgather, broadcast "
                          "and alltoall accept it")
     if not arr.flags.c_contiguous:
-        arr = np.ascontiguousarray(arr)
-    return arr, info
+        arr = np.ascontiguousarray(arr) if device == CPU_DEVICE else gpu.contiguous(arr, device)
+    return arr, info, device
 
 
-def _output(output, arr, what):
+def _output(output, arr, device, what):
     if output is None:
         return None
+    if device != CPU_DEVICE:
+        return gpu.output_array(output, arr, device, what)
     if not isinstance(output, np.ndarray):
         raise ValueError(f"{what}: output must be a NumPy array")
     if output.shape != arr.shape or output.dtype != arr.dtype:
@@ -169,6 +184,10 @@ def _submit(rt, entries, group=False):
     """Queue entries (together) and return one handle: for the entry, or for
     the list of a grouped operation's entries."""
     if entries:
+        for e in entries:
+            if e.device != CPU_DEVICE:  # the backend's stream waits for these events
+                gpu.record_ready(entries)
+                break
         rt.queue.push_all(entries)
     return rt.handles.add(list(entries) if group else entries[0])
 
@@ -190,14 +209,14 @@ def _blocking(async_fn):
 def _allreduce_entry(rt, tensor, name, op, prescale, postscale, ps, output, group="",
                      group_size=0):
     what = _label("allreduce", name)
-    arr, info = _array(tensor, what, reducible=True)
+    arr, info, device = _array(tensor, what, reducible=True)
     if op == Adasum and info.dtype.kind != "f" and info.dtype != dtypes.BFLOAT16:
-        raise ValueError(f"{what}: Adasum needs a floating-point tensor, not {arr.dtype}")
-    return Entry(name, pb.ALLREDUCE, tensor=arr, output=_output(output, arr, what),
+        raise ValueError(f"{what}: Adasum needs a floating-point tensor, not {info.name}")
+    return Entry(name, pb.ALLREDUCE, tensor=arr, output=_output(output, arr, device, what),
                  dtype_info=info, shape=arr.shape, reduce_op=op,
                  prescale=_scale(prescale, "prescale_factor", what),
                  postscale=_scale(postscale, "postscale_factor", what),
-                 process_set_id=ps.process_set_id, device=CPU_DEVICE, group=group,
+                 process_set_id=ps.process_set_id, device=device, group=group,
                  group_size=group_size)
 
 
@@ -249,11 +268,11 @@ def _member(base, i, n):
 # ----------------------------------------------------------------- allgather
 def _allgather_entry(tensor, name, ps, group="", group_size=0):
     what = _label("allgather", name)
-    arr, info = _array(tensor, what, reducible=False)
+    arr, info, device = _array(tensor, what, reducible=False)
     if arr.ndim == 0:
         raise ValueError(f"{what}: a scalar cannot be gathered; give it a first dimension")
     return Entry(name, pb.ALLGATHER, tensor=arr, dtype_info=info, shape=arr.shape,
-                 process_set_id=ps.process_set_id, device=CPU_DEVICE, group=group,
+                 process_set_id=ps.process_set_id, device=device, group=group,
                  group_size=group_size)
 
 
@@ -294,10 +313,10 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
         if not isinstance(root_rank, numbers.Integral) or root_rank not in ps.ranks:
             raise ValueError(f"{what}: invalid root rank {root_rank!r} for process set "
                              f"{ps.ranks}")
-        arr, info = _array(tensor, what, reducible=False)
-        entry = Entry(name, pb.BROADCAST, tensor=arr, output=_output(output, arr, what),
+        arr, info, device = _array(tensor, what, reducible=False)
+        entry = Entry(name, pb.BROADCAST, tensor=arr, output=_output(output, arr, device, what),
                       dtype_info=info, shape=arr.shape, root_rank=int(root_rank),
-                      process_set_id=ps.process_set_id, device=CPU_DEVICE)
+                      process_set_id=ps.process_set_id, device=device)
     return _submit(rt, [entry])
 
 
@@ -316,7 +335,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 
 def _alltoall_entry(tensor, splits, name, ps, what):
-    arr, info = _array(tensor, what, reducible=False)
+    arr, info, device = _array(tensor, what, reducible=False)
     if arr.ndim == 0:
         raise ValueError(f"{what}: a scalar cannot be scattered; give it a first dimension")
     n = ps.size()
@@ -337,19 +356,19 @@ def _alltoall_entry(tensor, splits, name, ps, what):
             raise ValueError(f"{what}: splits {splits} must be non-negative and sum to at "
                              f"most the first dimension {arr.shape[0]}")
     return Entry(name, pb.ALLTOALL, tensor=arr, dtype_info=info, shape=arr.shape,
-                 splits=tuple(splits), process_set_id=ps.process_set_id, device=CPU_DEVICE)
+                 splits=tuple(splits), process_set_id=ps.process_set_id, device=device)
 
 
 # ------------------------------------------------------------- reducescatter
 def _reducescatter_entry(tensor, name, op, prescale, postscale, ps, group="", group_size=0):
     what = _label("reducescatter", name)
-    arr, info = _array(tensor, what, reducible=True)
+    arr, info, device = _array(tensor, what, reducible=True)
     if arr.ndim == 0:
         raise ValueError(f"{what}: a scalar cannot be scattered; give it a first dimension")
     return Entry(name, pb.REDUCESCATTER, tensor=arr, dtype_info=info, shape=arr.shape,
                  reduce_op=op, prescale=_scale(prescale, "prescale_factor", what),
                  postscale=_scale(postscale, "postscale_factor", what),
-                 process_set_id=ps.process_set_id, device=CPU_DEVICE, group=group,
+                 process_set_id=ps.process_set_id, device=device, group=group,
                  group_size=group_size)
 
 
@@ -430,15 +449,16 @@ def send_async(tensor, dest_rank, name=None, process_set=global_process_set):
     name = _p2p_name(name, me, dest, ps)
     what = _label("send", name)
     with _refusal(rt, name, pb.P2P, ps):
-        arr, info = _array(tensor, what, reducible=False)
+        arr, info, device = _array(tensor, what, reducible=False)
         entry = Entry(name, pb.P2P, tensor=arr, dtype_info=info, shape=arr.shape,
-                      ranks=(me, dest), process_set_id=ps.process_set_id, device=CPU_DEVICE)
+                      ranks=(me, dest), process_set_id=ps.process_set_id, device=device)
     return _submit(rt, [entry])
 
 
 def recv_async(source_rank, name=None, process_set=global_process_set):
     """Starts receiving what `source_rank` sends under the same name; returns
-    a handle whose result is a new array of the sender's dtype and shape."""
+    a handle whose result is a new array of the sender's dtype and shape
+    (a CuPy array on this rank's GPU when the sender's tensor was on a GPU)."""
     rt = _runtime_for("recv")
     ps = _process_set(process_set, rt, "recv")
     me = rt.rank

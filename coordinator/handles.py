@@ -3,7 +3,8 @@
 A handle is an int, as in Horovod. It stands for one entry, or for the
 entries of a grouped operation. `poll` says whether it is done;
 `synchronize` waits, returns the result (a list for a group) and releases it,
-raising the operation's error if it failed.
+raising the operation's error if it failed. For a result on a GPU it also
+makes the caller's current stream wait for the work that wrote it.
 """
 
 import itertools
@@ -69,6 +70,9 @@ class HandleTable:
         for entry in group:
             if entry.error is not None:
                 raise entry.error
+        for entry in group:
+            if entry.done_event is not None:  # a device result (gpu.DeviceWait)
+                entry.done_event.order_current_stream()
         if isinstance(item, list):
             return [e.result for e in item]
         return item.result

@@ -8,13 +8,19 @@ its communicators per process set (made on first use, released by
 `remove_process_set`) and its dtype policy, and allocates a joined rank's
 zero stand-ins where its tensors live (`zeros`). `create_backends` is the
 one place that says which backends exist and in which order they are asked:
-NCCL for device tensors first (where CuPy and NCCL are available), then
-Adasum, then MPI with the host-aware strategies (hierarchical, 2D torus)
-ahead of its flat allreduce.
+for device (CUDA) tensors NCCL first (where CuPy, NCCL and a GPU are
+available), then staging through pinned host memory into host backends of
+their own (Adasum on the GPU, and everything where NCCL is unavailable);
+for host tensors Adasum, then MPI with the host-aware strategies
+(hierarchical, 2D torus) ahead of its flat allreduce.
 """
+
+import logging
 
 from coordinator.ops_names import device_name, op_name
 from coordinator.wire import pb
+
+log = logging.getLogger("coordinator")
 
 _METHODS = {
     pb.ALLREDUCE: "allreduce",
@@ -43,9 +49,55 @@ def create_backends(config, world, members, buffers, timeline, rank, topology, c
         algorithms.append(TorusAllreduce(comms, topology))
     if config.hierarchical_allreduce:
         algorithms.append(HierarchicalAllreduce(comms, topology))
-    backends = [AdasumOps(comms, timeline)]
+    backends = _device_backends(config, world, members, buffers, timeline, rank)
+    backends.append(AdasumOps(comms, timeline))
     backends.append(MPIOps(comms, buffers, timeline, rank, algorithms, config.segment_bytes))
     return OperationManager(backends)
+
+
+def device_plan(gpu_ok, nccl_ok, cuda_aware):
+    """Which backends run device tensors: (names, why), in the order asked."""
+    if not gpu_ok:
+        return [], "no GPU backend"
+    aware = ("MPI says it is CUDA-aware, but only host memory is handed to it"
+             if cuda_aware else "MPI is not CUDA-aware, so device memory never reaches it")
+    if nccl_ok:
+        return (["nccl", "mpi-staged"], "GPU tensors: NCCL; Adasum staged through pinned host "
+                f"memory for MPI ({aware})")
+    return (["mpi-staged"], "GPU tensors staged through pinned host memory for MPI, as NCCL "
+            f"is unavailable ({aware})")
+
+
+def _device_backends(config, world, members, buffers, timeline, rank):
+    """The backends for device tensors, or none where they cannot arrive (no
+    CuPy, no GPU). Imports CuPy only where it is installed."""
+    from coordinator import gpu
+
+    gpu_ok, found = gpu.probe()
+    if not gpu_ok:
+        log.debug("rank %d: no GPU backend: %s", rank, found)
+        return []
+    from coordinator.fusion import FusionBuffers
+    from coordinator.ops.adasum import AdasumOps
+    from coordinator.ops.mpi_ops import DEVICE_SET_TAG, Communicators, MPIOps, mpi_cuda_aware
+    from coordinator.ops.staging import HostStaging, StagedDeviceOps
+
+    nccl, why_not = gpu.nccl_module()
+    names, plan = device_plan(True, nccl is not None, mpi_cuda_aware())
+    log.info("rank %d: %s; %s%s", rank, found, plan, f" ({why_not})" if why_not else "")
+    # The device lanes' own communicators and buffers: they run beside the
+    # host lanes of the same sets (see mpi_ops.Communicators).
+    comms = Communicators(world, members, tag=DEVICE_SET_TAG, reuse_world=False)
+    host = OperationManager([AdasumOps(comms, timeline),
+                             MPIOps(comms, FusionBuffers(buffers.limit), timeline, rank, (),
+                                    config.segment_bytes)])
+    backends = []
+    if "nccl" in names:
+        from coordinator.ops.nccl_ops import NCCLOps
+
+        backends.append(NCCLOps(comms, timeline, nccl))
+    backends.append(StagedDeviceOps(host, HostStaging()))
+    return backends
 
 
 class OperationManager:

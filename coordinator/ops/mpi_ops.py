@@ -13,12 +13,19 @@ reaches that operation at the same point of its set's order), and freed when
 the set is removed; the host-aware algorithms get theirs the same way. Its
 dtype policy is in mpi_reduce.py.
 
+Device (CUDA) tensors never reach this backend: they go through NCCL
+(nccl_ops.py) or are staged through pinned host memory (staging.py), which
+hands it host arrays. `mpi_cuda_aware()` says whether the MPI library could
+take device memory at all.
+
 Counts past what MPI's int arguments hold (2**31 - 1 elements or bytes; this
 Open MPI implements MPI 3.1, without the large-count calls) are split: a
 broadcast into pieces, an allreduce into segments, an allgather into one
 broadcast per rank, an alltoall into point-to-point pieces, a reducescatter
 into an allreduce.
 """
+
+import ctypes
 
 import numpy as np
 from mpi4py import MPI
@@ -34,8 +41,10 @@ INT_MAX = 2 ** 31 - 1
 PIECE = 1 << 30
 ALLTOALL_TAG = 78
 P2P_TAG = 79
-# Tags of Create_group: 1-4 for the host-aware algorithms, SET_TAG + id for sets.
+# Tags of Create_group: 1-4 for the host-aware algorithms, SET_TAG + id for sets,
+# DEVICE_SET_TAG + id for the sets' communicators of the device lanes.
 SET_TAG = 1000
+DEVICE_SET_TAG = 20000
 
 
 class Requests:
@@ -57,12 +66,18 @@ def wait(*requests):
 
 class Communicators:
     """This rank's communicators, one per process set it belongs to, made on
-    first use from `world` and the set's members."""
+    first use from `world` and the set's members.
 
-    def __init__(self, world, members):
+    The device lanes of a set get a Communicators of their own
+    (`tag=DEVICE_SET_TAG, reuse_world=False`): a set's device and host lanes
+    run side by side, and collectives on one communicator must start in the
+    same order on every member."""
+
+    def __init__(self, world, members, tag=SET_TAG, reuse_world=True):
         self.world = world
         self.members = members  # process set id -> its global ranks
-        self._comms = {0: world}
+        self.tag = tag
+        self._comms = {0: world} if reuse_world else {}
 
     def __getitem__(self, process_set_id):
         comm = self._comms.get(process_set_id)
@@ -71,7 +86,8 @@ class Communicators:
             if ranks is None or self.world.rank not in ranks:
                 raise RuntimeError(f"this rank holds no communicator for process set "
                                    f"{process_set_id}")
-            comm = self._comms[process_set_id] = self.group(ranks, tag=SET_TAG + process_set_id)
+            comm = self._comms[process_set_id] = self.group(ranks,
+                                                            tag=self.tag + process_set_id)
         return comm
 
     get = __getitem__
@@ -86,8 +102,49 @@ class Communicators:
 
     def release(self, process_set_id):
         comm = self._comms.pop(process_set_id, None)
-        if comm is not None and process_set_id != 0:
+        if comm is not None and comm is not self.world:
             comm.Free()
+
+    def share(self, process_set_id, payload, nbytes):
+        """Sends the set's first member's `payload` (bytes) to every member,
+        without blocking: returns (a bytearray that holds it once the
+        requests are done, their Requests). The other members pass None."""
+        comm = self[process_set_id]
+        buf = bytearray(nbytes)
+        if comm.rank == 0:
+            buf[:] = payload
+        return buf, Requests([comm.Ibcast([buf, MPI.BYTE], root=0)])
+
+
+def mpi_cuda_aware(maps="/proc/self/maps"):
+    """Whether the MPI library mpi4py loaded says it takes CUDA device memory
+    (Open MPI's MPIX_Query_cuda_support); False when it has no such query.
+    Handing a device pointer to an MPI that is not CUDA-aware crashes it."""
+    path = _loaded_library("libmpi", maps)
+    if path is None:
+        return False
+    try:
+        query = ctypes.CDLL(path).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return False
+    query.restype = ctypes.c_int
+    query.argtypes = []
+    return bool(query())
+
+
+def _loaded_library(stem, maps):
+    """The path of the mapped shared library `stem`.so*, or None."""
+    try:
+        with open(maps) as lines:
+            for line in lines:
+                fields = line.split(None, 5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                name = path.rsplit("/", 1)[-1]
+                if name.startswith(stem + ".so"):
+                    return path
+    except OSError:
+        pass
+    return None
 
 
 def _same_memory(a, b):

@@ -4,6 +4,11 @@ DDP (gloo backend), same model, same data, in the same processes.
     mpirun -np 2 -x OMPI_MCA_mpi_yield_when_idle=1 \
         python examples/torch/compare_ddp.py [--model small_cnn] [--rounds 60]
 
+On GPUs (the issue's ResNet targets; torchvision's models, 224x224 images):
+
+    mpirun -np 2 python examples/torch/compare_ddp.py --model resnet50 \
+        --device cuda --ddp-backend nccl --batch-size 32 --rounds 20
+
 Both run in every rank: the coordinator (over MPI) and torch.distributed
 (gloo, over TCP; rank and size come from Open MPI's environment,
 MASTER_ADDR/MASTER_PORT default to 127.0.0.1:29512). Each round runs a
@@ -43,12 +48,26 @@ def env_int(*names, default=None):
     return default
 
 
+TORCHVISION = ("resnet18", "resnet50")
+
+
+def build(args):
+    """The model on the chosen device: ours (models.py) or torchvision's."""
+    if args.model in TORCHVISION:
+        import torchvision
+
+        model = getattr(torchvision.models, args.model)(num_classes=1000)
+    else:
+        model = models.build(args.model)
+    return model.to(args.device)
+
+
 def make_steppers(args):
     torch.manual_seed(0)
-    base = models.build(args.model)
+    base = build(args)
     steppers = {}
 
-    ours_model = models.build(args.model)
+    ours_model = build(args)
     ours_model.load_state_dict(base.state_dict())
     ours_opt = hvd.DistributedOptimizer(torch.optim.SGD(ours_model.parameters(), lr=args.lr,
                                                         momentum=0.9),
@@ -56,13 +75,14 @@ def make_steppers(args):
     hvd.broadcast_parameters(ours_model.state_dict(), root_rank=0)
     steppers["ours"] = (ours_model, ours_opt)
 
-    ddp_model = models.build(args.model)
+    ddp_model = build(args)
     ddp_model.load_state_dict(base.state_dict())
-    ddp_model = torch.nn.parallel.DistributedDataParallel(ddp_model)
+    device_ids = [torch.cuda.current_device()] if args.device == "cuda" else None
+    ddp_model = torch.nn.parallel.DistributedDataParallel(ddp_model, device_ids=device_ids)
     steppers["ddp"] = (ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=args.lr,
                                                   momentum=0.9))
 
-    local_model = models.build(args.model)
+    local_model = build(args)
     local_model.load_state_dict(base.state_dict())
     steppers["local"] = (local_model, torch.optim.SGD(local_model.parameters(), lr=args.lr,
                                                       momentum=0.9))
@@ -71,18 +91,24 @@ def make_steppers(args):
 
 def timed_steps(model, opt, x, y, steps):
     times = []
+    cuda = x.is_cuda
     for _ in range(steps):
         start = time.perf_counter()
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()  # a step ends when its GPU work has
         times.append(time.perf_counter() - start)
     return times
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="small_cnn", choices=sorted(models.MODELS))
+    parser.add_argument("--model", default="small_cnn",
+                        choices=sorted(models.MODELS) + list(TORCHVISION))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--ddp-backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--block", type=int, default=2,
@@ -97,16 +123,20 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     threads = args.threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
     torch.set_num_threads(threads)
+    if args.device == "cuda":  # ranks may share a GPU (each with its own NCCL_HOSTID)
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29512")
-    dist.init_process_group("gloo", rank=env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", default=rank),
+    dist.init_process_group(args.ddp_backend,
+                            rank=env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", default=rank),
                             world_size=env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=size),
                             timeout=datetime.timedelta(seconds=120))
 
     steppers = make_steppers(args)
     gen = torch.Generator().manual_seed(1000 + rank)
-    x = torch.randn(args.batch_size, 3, 32, 32, generator=gen)
-    y = torch.randint(0, 10, (args.batch_size,), generator=gen)
+    image, classes = (224, 1000) if args.model in TORCHVISION else (32, 10)
+    x = torch.randn(args.batch_size, 3, image, image, generator=gen).to(args.device)
+    y = torch.randint(0, classes, (args.batch_size,), generator=gen).to(args.device)
 
     order = ["ours", "ddp", "local"]
     for name in order:
@@ -127,8 +157,10 @@ def main():
         med = {name: statistics.median(ts) for name, ts in slow.items()}
         ratios = sorted(o / d for o, d in zip(slow["ours"], slow["ddp"]))
         q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+        where = (f"on {torch.cuda.get_device_name()}, DDP over {args.ddp_backend}"
+                 if args.device == "cuda" else f"{threads} torch thread(s)/rank")
         print(f"model {args.model} ({models.parameter_count(steppers['local'][0])} parameters), "
-              f"batch {args.batch_size}/rank, {size} ranks, {threads} torch thread(s)/rank, "
+              f"batch {args.batch_size}/rank, {size} ranks, {where}, "
               f"{args.rounds} rounds x {args.block} step(s) per implementation, rotating order, "
               f"OMPI_MCA_mpi_yield_when_idle={os.environ.get('OMPI_MCA_mpi_yield_when_idle', '')}")
         for name in order:

@@ -6,21 +6,24 @@ view land in the tensor itself, and arrays the core allocates become tensors
 with `torch.from_numpy`, again without a copy. bfloat16, which NumPy lacks,
 travels as ml_dtypes.bfloat16: the int16 view of the storage, reinterpreted.
 
-GPU tensors: the core's MPI backend works on host memory and its submit
-functions take no device yet, so a CUDA tensor is staged through a host copy
-(the result is copied back to the tensor's device). When the core accepts
-device arrays (`device=` on its *_async functions), `_core_takes_devices()`
-turns true and CUDA tensors go to it as CuPy arrays over DLPack, zero-copy,
-with their device id. Neither path runs on this CPU-only build.
+CUDA tensors go to the core as CuPy arrays over DLPack (`cupy.from_dlpack`),
+without a copy, so in-place results land in the tensor itself; results come
+back with `torch.from_dlpack`, again without a copy. bfloat16 (which CuPy
+lacks) travels as the tensor's int16 view marked `coordinator.gpu.bfloat16`,
+bool as its uint8 view. Around each submission torch's current stream is
+made CuPy's current stream (`on_torch_stream`), so the core records the
+tensor's ready event where torch queued the work that wrote it, and
+synchronize orders torch's stream after the result. Without CuPy, CUDA
+tensors are staged through a host copy instead (the result is copied back).
 """
 
+import contextlib
 import functools
-import inspect
 
 import numpy as np
 import torch
 
-import coordinator as core
+from coordinator import gpu as core_gpu
 
 try:
     import ml_dtypes
@@ -47,7 +50,32 @@ def type_name(tensor):
 
 @functools.lru_cache(maxsize=None)
 def _core_takes_devices():
-    return "device" in inspect.signature(core.allreduce_async).parameters
+    """True when the core can take CUDA tensors as they are (CuPy is installed)."""
+    return core_gpu.cupy_installed()
+
+
+_cupy_streams = {}  # (device, torch stream handle) -> the CuPy stream over it
+
+
+@contextlib.contextmanager
+def on_torch_stream(device):
+    """Makes torch's current stream on `device` CuPy's current stream too
+    (nothing for the CPU, device -1)."""
+    if device < 0:
+        yield
+        return
+    cp = core_gpu.cupy()
+    stream = torch.cuda.current_stream(device)
+    key = (device, stream.cuda_stream)
+    wrapped = _cupy_streams.get(key)
+    if wrapped is None:
+        if hasattr(cp.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
+            wrapped = cp.cuda.Stream.from_external(stream)
+        else:  # CuPy before 14
+            wrapped = cp.cuda.ExternalStream(stream.cuda_stream, device)
+        _cupy_streams[key] = wrapped
+    with cp.cuda.Device(device), wrapped:
+        yield
 
 
 class Bridged:
@@ -100,15 +128,24 @@ def _from_array(array):
     return torch.from_numpy(array)
 
 
+def _device_array(tensor):
+    """A CuPy view of a contiguous CUDA tensor (no copy)."""
+    cp = core_gpu.cupy()
+    t = tensor.detach() if tensor.requires_grad else tensor
+    if t.dtype == torch.bfloat16:
+        return core_gpu.bfloat16(cp.from_dlpack(t.view(torch.int16)))
+    if t.dtype == torch.bool:
+        return cp.from_dlpack(t.view(torch.uint8))
+    return cp.from_dlpack(t)
+
+
 def bridge(tensor, what, reducible=False):
     """`tensor` as an array for the core; checks Horovod's preconditions."""
     check(tensor, what, reducible)
     if tensor.device.type == "cpu":
         return Bridged(tensor, _host_array(tensor), -1, False)
-    if tensor.is_cuda and _core_takes_devices():  # pragma: no cover - needs a GPU
-        import cupy
-
-        return Bridged(tensor, cupy.from_dlpack(tensor.detach()), tensor.device.index, False)
+    if tensor.is_cuda and _core_takes_devices():
+        return Bridged(tensor, _device_array(tensor), tensor.device.index, False)
     # Staging: the core works on a host copy; results are copied back.
     return Bridged(tensor, _host_array(tensor.detach().cpu()), -1, True)
 
@@ -119,9 +156,14 @@ def empty_like(tensor):
 
 
 def to_tensor(array, like):
-    """A torch tensor over an array the core returned, on `like`'s device."""
-    out = _from_array(np.asarray(array)) if isinstance(array, np.ndarray) else \
-        torch.from_dlpack(array)
+    """A torch tensor over an array the core returned (no copy), with `like`'s
+    dtype, on `like`'s device."""
+    if isinstance(array, np.ndarray):
+        out = _from_array(array)
+    else:
+        out = torch.from_dlpack(array)
+        if out.dtype != like.dtype and out.element_size() == like.element_size():
+            out = out.view(like.dtype)  # bfloat16 came back as int16, bool as uint8
     if out.device != like.device:
         out = out.to(like.device)
     return out

@@ -81,8 +81,8 @@ class _Handles:
         """A set id was (re)registered or removed: its names start over."""
         self._unnamed.pop(process_set_id, None)
 
-    def add(self, handle, core_handle, finish):
-        self._pending[handle] = (core_handle, finish)
+    def add(self, handle, core_handle, finish, device=-1):
+        self._pending[handle] = (core_handle, finish, device)
 
     def get(self, handle):
         return self._pending.get(handle)
@@ -94,17 +94,19 @@ class _Handles:
 _handles = _Handles()
 
 
-def _submit(handle, call, finish):
-    """Runs the core submission `call()`; failures keep Horovod's types:
-    ValueError (bad arguments, duplicate names) as is, anything else as
-    HorovodInternalError."""
+def _submit(handle, call, finish, device=-1):
+    """Runs the core submission `call()` (for CUDA tensors on `device`, with
+    torch's current stream as CuPy's, where the core records their ready
+    event); failures keep Horovod's types: ValueError (bad arguments,
+    duplicate names) as is, anything else as HorovodInternalError."""
     try:
-        core_handle = call()
+        with _tensors.on_torch_stream(device):
+            core_handle = call()
     except (HorovodInternalError, ValueError, TypeError, NotImplementedError):
         raise
     except RuntimeError as exc:
         raise HorovodInternalError(str(exc)) from exc
-    _handles.add(handle, core_handle, finish)
+    _handles.add(handle, core_handle, finish, device)
     return handle
 
 
@@ -127,9 +129,10 @@ def synchronize(handle):
     pending = _handles.pop(handle)
     if pending is None:
         return None
-    core_handle, finish = pending
+    core_handle, finish, device = pending
     try:
-        result = core.synchronize(core_handle)
+        with _tensors.on_torch_stream(device):  # a GPU result: torch's stream waits for it
+            result = core.synchronize(core_handle)
     except HorovodInternalError:
         raise
     except Exception as exc:  # the core's shutdown/usage errors, as Horovod reports them
@@ -196,9 +199,9 @@ def _results(bridged, grouped):
     return outs if grouped else outs[0]
 
 
-def _device_kwargs(bridged):
-    device = bridged[0].device if bridged else -1
-    return {} if device == -1 else {"device": device}
+def _device(bridged):
+    """The GPU the tensors are on, or -1 (the core reads each array's own)."""
+    return bridged[0].device if bridged else -1
 
 
 # --------------------------------------------------- the one implementations
@@ -212,8 +215,7 @@ def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                                 for t in tensors]
     kwargs = dict(name=_handles.name(prefix, name, process_set), op=op,
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                  process_set=process_set,
-                  **_device_kwargs(ins or outs))
+                  process_set=process_set)
     if grouped:
         def call():
             return core.grouped_allreduce_async([b.array for b in ins],
@@ -221,15 +223,14 @@ def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
     else:
         def call():
             return core.allreduce_async(ins[0].array, output=outs[0].array, **kwargs)
-    return _submit(handle, call, lambda _: _results(outs, grouped))
+    return _submit(handle, call, lambda _: _results(outs, grouped), _device(ins or outs))
 
 
 def _allgather(tensors, name=None, process_set=global_process_set, *, grouped, inplace=False):
     handle = _handles.new()
     prefix = "grouped_allgather" if grouped else "allgather"
     ins = [_tensors.bridge(t, prefix) for t in tensors]
-    kwargs = dict(name=_handles.name(prefix, name, process_set), process_set=process_set,
-                  **_device_kwargs(ins))
+    kwargs = dict(name=_handles.name(prefix, name, process_set), process_set=process_set)
     if grouped:
         def call():
             return core.grouped_allgather_async([b.array for b in ins], **kwargs)
@@ -242,7 +243,7 @@ def _allgather(tensors, name=None, process_set=global_process_set, *, grouped, i
 
         def finish(result):
             return _tensors.to_tensor(result, tensors[0])
-    return _submit(handle, call, finish)
+    return _submit(handle, call, finish, _device(ins))
 
 
 def _broadcast(tensors, root_rank, name=None, process_set=global_process_set, *, grouped=False,
@@ -255,9 +256,8 @@ def _broadcast(tensors, root_rank, name=None, process_set=global_process_set, *,
     def call():
         return core.broadcast_async(src.array, root_rank,
                                     name=_handles.name("broadcast", name, process_set),
-                                    process_set=process_set, output=out.array,
-                                    **_device_kwargs([src]))
-    return _submit(handle, call, lambda _: out.written())
+                                    process_set=process_set, output=out.array)
+    return _submit(handle, call, lambda _: out.written(), src.device)
 
 
 def _alltoall(tensors, splits=None, name=None, process_set=global_process_set, *, grouped=False,
@@ -274,13 +274,13 @@ def _alltoall(tensors, splits=None, name=None, process_set=global_process_set, *
     def call():
         return core.alltoall_async(src.array, splits=splits,
                                    name=_handles.name("alltoall", name, process_set),
-                                   process_set=process_set, **_device_kwargs([src]))
+                                   process_set=process_set)
 
     def finish(result):
         output, received = result
         return (_tensors.to_tensor(output, tensor),
                 torch.from_numpy(np.asarray(received, dtype=np.int32)))
-    return _submit(handle, call, finish)
+    return _submit(handle, call, finish, src.device)
 
 
 def _reducescatter(tensors, name=None, op=Average, process_set=global_process_set,
@@ -293,8 +293,7 @@ def _reducescatter(tensors, name=None, op=Average, process_set=global_process_se
     prefix = "grouped_reducescatter" if grouped else "reducescatter"
     ins = [_tensors.bridge(t, prefix, reducible=True) for t in tensors]
     kwargs = dict(name=_handles.name(prefix, name, process_set), op=op, process_set=process_set,
-                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                  **_device_kwargs(ins))
+                  prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     if grouped:
         def call():
             return core.grouped_reducescatter_async([b.array for b in ins], **kwargs)
@@ -307,7 +306,7 @@ def _reducescatter(tensors, name=None, op=Average, process_set=global_process_se
 
         def finish(result):
             return _tensors.to_tensor(result, tensors[0])
-    return _submit(handle, call, finish)
+    return _submit(handle, call, finish, _device(ins))
 
 
 # --------------------------------------------------------- variant makers

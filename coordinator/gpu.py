@@ -1,0 +1,283 @@
+"""CUDA arrays in the core: recognising them, viewing them with CuPy without
+a copy, and the events that order the caller's stream with the
+coordinator's.
+
+The core takes CuPy arrays and any array that exposes
+`__cuda_array_interface__` or DLPack on a CUDA device, and views them as
+CuPy arrays over the same memory (`cupy.asarray`, `cupy.from_dlpack`).
+CuPy has no bfloat16 dtype: a bfloat16 tensor goes in as `bfloat16(view)`,
+a 16-bit integer view of its memory, and results come back as int16 arrays
+holding the bfloat16 bits.
+
+At submit, an event is recorded on the caller's current CuPy stream on the
+tensor's device (a frontend makes its framework's stream CuPy's current one
+for the call, frontends/torch/_tensors.py); the backend's stream waits on
+it, so the submitting thread never waits for the GPU. A backend hands back
+a `DeviceWait` for the work it queued: the background thread polls it, and
+`synchronize` orders the caller's stream after it.
+
+Nothing here imports CuPy until a device array arrives (or a backend is
+built on a machine that has CuPy), so CPU-only installs never need it.
+"""
+
+import importlib
+import importlib.util
+import types
+
+import numpy as np
+
+from coordinator import dtypes
+
+# DLPack device types whose memory is on a CUDA device.
+_DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+_modules = {"cupy": None}
+
+
+def cupy_installed():
+    return _modules["cupy"] is not None or importlib.util.find_spec("cupy") is not None
+
+
+def cupy(what="a CUDA array"):
+    """The CuPy module, imported on first use."""
+    cp = _modules["cupy"]
+    if cp is None:
+        try:
+            import cupy as cp
+        except ImportError as exc:
+            raise ValueError(f"{what}: CUDA arrays need CuPy, which is not installed here "
+                             "(pip install cupy-cuda12x or cupy-cuda13x)") from exc
+        _modules["cupy"] = cp
+    return cp
+
+
+def probe():
+    """(True, description) when CUDA arrays can be handled here (CuPy and at
+    least one device), else (False, why not). Imports CuPy only where it is
+    installed."""
+    if not cupy_installed():
+        return False, "CuPy is not installed"
+    try:
+        cp = cupy()
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDA driver missing, no device, ...
+        return False, f"CuPy sees no CUDA device ({exc})"
+    if count < 1:
+        return False, "CuPy sees no CUDA device"
+    return True, f"CuPy {cp.__version__}, {count} CUDA device(s)"
+
+
+def nccl_module():
+    """(cupy.cuda.nccl, "") when NCCL can be used through CuPy, else (None, why not)."""
+    cp = cupy()
+    try:
+        nccl = getattr(cp.cuda, "nccl", None)
+        if nccl is None and isinstance(cp, types.ModuleType):  # not imported yet
+            nccl = importlib.import_module(cp.__name__ + ".cuda.nccl")
+    except Exception as exc:  # CuPy raises ImportError when libnccl is missing
+        return None, f"CuPy cannot load NCCL ({exc})"
+    if nccl is None or not getattr(nccl, "available", False):
+        return None, "CuPy was installed without NCCL (pip install nvidia-nccl-cu12 or -cu13)"
+    return nccl, ""
+
+
+def nccl_version():
+    """NCCL's version code through CuPy (e.g. 22809 for 2.28.9), or 0."""
+    if not cupy_installed():
+        return 0
+    try:
+        nccl, _ = nccl_module()
+        return int(nccl.get_version()) if nccl is not None else 0
+    except Exception:
+        return 0
+
+
+# --------------------------------------------------------- device arrays
+class BFloat16:
+    """A CUDA array of bfloat16 values, given as a 16-bit integer view of its
+    memory (CuPy has no bfloat16 dtype)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+
+bfloat16 = BFloat16
+
+
+def _cuda_interface(obj):
+    try:  # torch raises (not only AttributeError) for tensors it cannot describe
+        return getattr(obj, "__cuda_array_interface__", None)
+    except Exception:
+        return None
+
+
+def is_device_array(obj):
+    """True for an array whose memory is on a CUDA device."""
+    cp = _modules["cupy"]
+    if cp is not None and isinstance(obj, cp.ndarray):  # the common case, cheaply
+        return True
+    if isinstance(obj, BFloat16) or _cuda_interface(obj) is not None:
+        return True
+    if getattr(type(obj), "__dlpack_device__", None) is None:
+        return False
+    try:
+        return obj.__dlpack_device__()[0] in _DLPACK_CUDA
+    except Exception:
+        return False
+
+
+def as_device_array(obj, what):
+    """(CuPy array over obj's memory, DTypeInfo or None, device ordinal): no copy."""
+    cp = cupy(what)
+    bf16 = isinstance(obj, BFloat16)
+    if bf16:
+        obj = obj.array
+    try:
+        if isinstance(obj, cp.ndarray):
+            arr = obj
+        elif _cuda_interface(obj) is not None:
+            arr = cp.asarray(obj)
+        else:
+            arr = cp.from_dlpack(obj)
+    except Exception as exc:
+        raise ValueError(f"{what}: CuPy cannot view this CUDA array ({exc}); a bfloat16 "
+                         "tensor goes in as coordinator.gpu.bfloat16(<its int16 view>)") from exc
+    if not bf16:
+        return arr, dtypes.info_for(arr.dtype), arr.device.id
+    if arr.dtype.itemsize != 2 or arr.dtype.kind not in "iu":
+        raise ValueError(f"{what}: bfloat16() takes a 16-bit integer view, not {arr.dtype}")
+    if dtypes.BFLOAT16 is None:
+        raise ValueError(f"{what}: bfloat16 needs the ml_dtypes package")
+    return arr.view(np.int16), dtypes.BY_DTYPE[dtypes.BFLOAT16], arr.device.id
+
+
+def contiguous(arr, device):
+    """A C-contiguous copy, queued on the caller's current stream."""
+    cp = cupy()
+    with cp.cuda.Device(device):
+        return cp.ascontiguousarray(arr)
+
+
+def output_array(output, arr, device, what):
+    """The CuPy view of `output`, checked against the tensor `arr`."""
+    if not is_device_array(output):
+        raise ValueError(f"{what}: output must be a CUDA array on device {device}, as the "
+                         "tensor is")
+    out, _, out_device = as_device_array(output, what)
+    if out_device != device:
+        raise ValueError(f"{what}: output is on device {out_device}; the tensor is on device "
+                         f"{device}")
+    if out.shape != arr.shape or out.dtype != arr.dtype:
+        raise ValueError(f"{what}: output has shape {out.shape} and dtype {out.dtype}; the "
+                         f"tensor has shape {arr.shape} and dtype {arr.dtype}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{what}: output must be C-contiguous (it is written in place)")
+    return out
+
+
+def storage_dtype(dtype):
+    """The dtype a device array of `dtype` is held in (bfloat16: int16)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.int16) if dtype == dtypes.BFLOAT16 else dtype
+
+
+def zeros(shape, dtype, device, stream):
+    """Zeros on `device`, written on `stream`, which is waited for (a joined
+    rank's stand-in: rare, and microseconds)."""
+    cp = cupy()
+    with cp.cuda.Device(device), stream:
+        arr = cp.zeros(shape, storage_dtype(dtype))
+    stream.synchronize()
+    return arr
+
+
+def home_device(response, entries, last):
+    """The GPU this rank runs `response` on: where its own tensors live
+    (entries it submitted carry a ready event; a joined rank's stand-ins do
+    not), else `last` (the one it used before), else the response's ordinal
+    (rank 0's) when this machine has it, else 0."""
+    for e in entries:
+        if e is not None and e.ready_event is not None:
+            return e.device
+    if last is not None:
+        return last
+    count = cupy().cuda.runtime.getDeviceCount()
+    return response.device if 0 <= response.device < count else 0
+
+
+# ----------------------------------------------------------------- events
+def record_ready(entries):
+    """Records, for each device the entries' tensors live on, an event on the
+    caller's current stream there, and gives it to those entries."""
+    cp = cupy()
+    events = {}
+    for e in entries:
+        if e.device < 0:
+            continue
+        event = events.get(e.device)
+        if event is None:
+            with cp.cuda.Device(e.device):
+                event = events[e.device] = cp.cuda.Event(disable_timing=True)
+                event.record(cp.cuda.get_current_stream())
+        e.ready_event = event
+
+
+def record(stream):
+    """A new event recorded on `stream` (the current device must be its device)."""
+    event = cupy().cuda.Event(disable_timing=True)
+    event.record(stream)
+    return event
+
+
+def unique_events(entries):
+    """The entries' ready events, each once (a grouped submission shares one)."""
+    seen = {}
+    for e in entries:
+        event = e.ready_event if e is not None else None
+        if event is not None:
+            seen.setdefault(id(event), event)
+    return list(seen.values())
+
+
+class DeviceWait:
+    """Work queued on a device: the background thread polls `ready()` (an
+    event query, never blocking); `order_current_stream()` makes the
+    caller's current stream wait for it, as Horovod's synchronize does.
+
+    keep: host objects the queued work still reads (released once it is
+    done); check: called while waiting, raises if the work can never finish
+    (an NCCL communicator's asynchronous error)."""
+
+    __slots__ = ("device", "events", "keep", "check", "fired")
+
+    def __init__(self, device, events, keep=None, check=None):
+        self.device = device
+        self.events = events
+        self.keep = keep
+        self.check = check
+        self.fired = False
+
+    def ready(self):
+        if self.fired:
+            return True
+        for event in self.events:
+            if not event.done:
+                if self.check is not None:
+                    self.check()
+                return False
+        self.fired = True
+        self.keep = None
+        return True
+
+    def order_current_stream(self):
+        """Nothing to do once the work has finished: an operation completes its
+        handles only after the background thread saw its event fire."""
+        if self.fired:
+            return
+        cp = cupy()
+        with cp.cuda.Device(self.device):
+            stream = cp.cuda.get_current_stream()
+            for event in self.events:
+                stream.wait_event(event)

@@ -1,0 +1,429 @@
+"""The NCCL backend: collectives on CUDA device memory through CuPy's NCCL
+bindings (`cupy.cuda.nccl`); tensor bytes never touch the host.
+
+Lanes. Each (process set, device) of this rank has a lane: one NCCL
+communicator, one CUDA stream of its own (non-blocking, so it never waits
+for the legacy default stream frameworks compute on), device fusion
+buffers and the kernels' tables. A lane is opened on the set's first GPU
+operation: the set's first member asks NCCL for a unique id and sends it to
+the others over the set's MPI communicator of the device lanes (a
+non-blocking broadcast); then every member joins the NCCL communicator,
+which blocks until all have. Lanes join in the order their first
+operations were planned, which is the same on every rank, so two sets
+opening at once cannot wait on each other.
+
+A stream per lane, not per device: the lanes of two sets start their
+operations independently (each when its previous one is done), so the
+order in which two sets' NCCL calls are queued can differ between ranks,
+and on one stream that order would make them wait on each other forever.
+
+Each operation makes the lane's stream wait for every tensor's ready event
+(recorded on the submitting thread's stream at submit), queues its kernels
+and NCCL calls, records a completion event and yields until the event has
+fired (executor.py polls it; the background thread never blocks on the
+device). The timeline shows WAIT_FOR_DATA (until the ready events fired)
+and NCCL_<OP> (until the completion event fired); the device copies run
+inside the latter and are not shown apart.
+
+Dtypes: NCCL reduces int8, uint8, int32, int64, float16, bfloat16, float32
+and float64 natively. int16 has no NCCL type: it is widened to int32 in the
+fusion buffer and narrowed on the way out (exact for Min and Max; Sum and
+Product wrap on narrowing as int16 arithmetic does, unless an Average's
+division brings the sum back in range). bool cannot be reduced (the core
+refuses it). Allgather, broadcast, alltoall and send/recv move bytes, so
+every dtype. Average is a Sum followed by the division in the unpack
+kernel, as on the host. Min and Max of NaN follow NCCL, not the host
+path's NaN-propagating kernels. Adasum is not run here: the staging backend
+runs it on the host (staging.py). The host-aware algorithms (hierarchical,
+2D torus) have no NCCL version: device tensors use NCCL's own algorithms.
+
+One GPU per process and set: a rank's tensors of one set live on one device.
+Results the backend allocates come from CuPy's pool on the lane's stream.
+"""
+
+import collections
+import contextlib
+import struct
+
+import numpy as np
+
+from coordinator import dtypes, gpu
+from coordinator.ops.device_fusion import Kernels, Tables
+from coordinator.ops.mpi_ops import reducescatter_rows
+from coordinator.wire import pb
+
+UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
+
+
+class _Lane:
+    """What this rank holds for one (process set, device)."""
+
+    __slots__ = ("device", "comm", "rank", "size", "stream", "tables", "buffers")
+
+    def __init__(self, cp, device, comm, rank, size, stream):
+        self.device = device
+        self.comm = comm  # NcclCommunicator
+        self.rank = rank
+        self.size = size
+        self.stream = stream
+        self.tables = Tables(cp)
+        self.buffers = {}  # slot -> uint8 device array
+
+    def buffer(self, cp, slot, count, dtype):
+        """`count` elements of `dtype` in fusion buffer `slot` (grown on demand;
+        call with the lane's device and stream current)."""
+        nbytes = count * np.dtype(dtype).itemsize
+        buf = self.buffers.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            buf = self.buffers[slot] = cp.empty(max(nbytes, 256), np.uint8)
+        return buf[:nbytes].view(dtype)
+
+
+class _Turn:
+    """Ready once `ticket` is first in line."""
+
+    __slots__ = ("line", "ticket")
+
+    def __init__(self, line, ticket):
+        self.line = line
+        self.ticket = ticket
+
+    def ready(self):
+        return self.line[0] is self.ticket
+
+
+def _row_elems(shape):
+    n = 1
+    for d in shape[1:]:
+        n *= d
+    return n
+
+
+def _starts(counts):
+    """Running offsets of consecutive counts."""
+    out, pos = [], 0
+    for c in counts:
+        out.append(pos)
+        pos += int(c)
+    return out
+
+
+class NCCLOps:
+    name = "nccl"
+
+    def __init__(self, comms, timeline, nccl):
+        self.cp = gpu.cupy()
+        self.nccl = nccl  # cupy.cuda.nccl
+        self.comms = comms  # the device lanes' mpi_ops.Communicators
+        self.timeline = timeline
+        self.kernels = Kernels(self.cp)
+        self._lanes = {}  # (process set id, device) -> _Lane
+        self._line = collections.deque()  # lanes waiting to join, in plan order
+        self._device = None  # this rank's GPU, once seen
+        self._side = {}  # device -> stream for joined ranks' zeros
+        self._types = {pb.INT8: nccl.NCCL_INT8, pb.UINT8: nccl.NCCL_UINT8,
+                       pb.INT32: nccl.NCCL_INT32, pb.INT64: nccl.NCCL_INT64,
+                       pb.FLOAT16: nccl.NCCL_FLOAT16, pb.FLOAT32: nccl.NCCL_FLOAT32,
+                       pb.FLOAT64: nccl.NCCL_FLOAT64,
+                       pb.BFLOAT16: getattr(nccl, "NCCL_BFLOAT16", 9)}
+        self._ops = {pb.SUM: nccl.NCCL_SUM, pb.AVERAGE: nccl.NCCL_SUM,
+                     pb.PRODUCT: nccl.NCCL_PROD, pb.MIN: nccl.NCCL_MIN,
+                     pb.MAX: nccl.NCCL_MAX}
+
+    def enabled(self, response):
+        return response.device != -1 and not (response.op == pb.ALLREDUCE
+                                              and response.reduce_op == pb.ADASUM)
+
+    def zeros(self, shape, dtype, device):
+        """A joined rank's stand-in, on this rank's GPU."""
+        device = self._device if self._device is not None else device
+        stream = self._side.get(device)
+        if stream is None:
+            with self.cp.cuda.Device(device):
+                stream = self._side[device] = self.cp.cuda.Stream(non_blocking=True)
+        return gpu.zeros(shape, dtype, device, stream)
+
+    def remove_process_set(self, process_set_id):
+        """Destroys the set's NCCL communicators (NCCL finishes their queued
+        work first). Its MPI communicators belong to the staging backend's
+        host backends, which release them."""
+        for key in [k for k in self._lanes if k[0] == process_set_id]:
+            self._lanes.pop(key).comm.destroy()
+
+    # -------------------------------------------------------------- lanes
+    def _lane(self, response, entries):
+        device = self._device = gpu.home_device(response, entries, self._device)
+        lane = self._lanes.get((response.process_set_id, device))
+        if lane is None:
+            lane = yield from self._open(response.process_set_id, device)
+        return lane
+
+    def _open(self, process_set_id, device):
+        comm = self.comms[process_set_id]
+        rank, size = comm.rank, comm.size
+        uid = _id_bytes(self.nccl.get_unique_id()) if rank == 0 else None
+        ticket = object()
+        self._line.append(ticket)
+        try:
+            received, sent = self.comms.share(process_set_id, uid, UNIQUE_ID_BYTES)
+            yield sent
+            yield _Turn(self._line, ticket)
+            with self.cp.cuda.Device(device):
+                # Blocks until every member has joined; they all reach it next.
+                nccl_comm = self.nccl.NcclCommunicator(size, self._id_for_cupy(received), rank)
+                stream = self.cp.cuda.Stream(non_blocking=True)
+        finally:
+            self._line.remove(ticket)
+        lane = self._lanes[(process_set_id, device)] = _Lane(self.cp, device, nccl_comm, rank,
+                                                             size, stream)
+        return lane
+
+    def _id_for_cupy(self, data):
+        """CuPy 14 takes the id as bytes, older versions as a tuple of chars."""
+        if int(self.cp.__version__.split(".")[0]) >= 14:
+            return bytes(data)
+        return struct.unpack(f"{len(data)}b", bytes(data))
+
+    @contextlib.contextmanager
+    def _on(self, lane, entries):
+        """The lane's device and stream current, its stream waiting for the
+        entries' ready events."""
+        with self.cp.cuda.Device(lane.device), lane.stream:
+            for event in gpu.unique_events(entries):
+                lane.stream.wait_event(event)
+            yield
+
+    def _finish(self, lane, entries, names, activity, keep=None):
+        """Records the completion event (inside `_on`) and gives the entries
+        their DeviceWait; returns the generator that waits for it."""
+        done = gpu.DeviceWait(lane.device, [gpu.record(lane.stream)], keep,
+                              lane.comm.check_async_error)
+        for e in entries:
+            if e is not None:
+                e.done_event = done
+        return self._wait(lane, entries, names, activity, done)
+
+    def _wait(self, lane, entries, names, activity, done):
+        timeline = self.timeline
+        if not timeline.enabled:
+            yield done
+            return
+        ready = gpu.unique_events(entries)
+        if ready:
+            timeline.activity_start(names, "WAIT_FOR_DATA")
+            yield gpu.DeviceWait(lane.device, ready, check=lane.comm.check_async_error)
+            timeline.activity_end(names)
+        timeline.activity_start(names, activity)
+        yield done
+        timeline.activity_end(names)
+
+    @staticmethod
+    def _storage(wire):
+        return gpu.storage_dtype(dtypes.BY_WIRE[wire].dtype)
+
+    def _reduction(self, response, lane):
+        """(tensor kind, buffer kind, buffer dtype, NCCL type, NCCL op, divisor)."""
+        kind = dtypes.BY_WIRE[response.dtype].name
+        if response.dtype == pb.INT16:  # no NCCL type: widened
+            buf_kind, buf_dtype, ntype = "int32", np.dtype(np.int32), self.nccl.NCCL_INT32
+        else:
+            buf_kind, buf_dtype = kind, self._storage(response.dtype)
+            ntype = self._types[response.dtype]
+        divisor = lane.size if response.reduce_op == pb.AVERAGE else 1
+        return kind, buf_kind, buf_dtype, ntype, self._ops[response.reduce_op], divisor
+
+    # ----------------------------------------------------------- allreduce
+    def allreduce(self, response, entries, names):
+        """One tensor: reduced from the input straight into the output. Several
+        (a fused response): one pack kernel into the fusion buffer, one NCCL
+        call, one unpack kernel into the outputs."""
+        lane = yield from self._lane(response, entries)
+        kind, buf_kind, buf_dtype, ntype, op, divisor = self._reduction(response, lane)
+        pre, post = response.prescale, response.postscale
+        cp, stream = self.cp, lane.stream
+        with self._on(lane, entries):
+            storage = self._storage(response.dtype)
+            outputs = [e.output if e.output is not None else cp.empty(e.shape, storage)
+                       for e in entries]
+            if len(entries) == 1 and buf_kind == kind:
+                src, out = entries[0].tensor, outputs[0]
+                if out.size:
+                    if pre != 1.0:
+                        self.kernels.pack(lane.tables, stream, [(src.data.ptr, src.size)], out,
+                                          kind, kind, pre)
+                        src = out
+                    lane.comm.allReduce(src.data.ptr, out.data.ptr, out.size, ntype, op,
+                                        stream.ptr)
+                    self.kernels.unpack(lane.tables, stream, out, [(out.data.ptr, out.size)],
+                                        kind, kind, post, divisor)
+            else:
+                total = sum(e.tensor.size for e in entries)
+                if total:
+                    buf = lane.buffer(cp, "reduce", total, buf_dtype)
+                    self.kernels.pack(lane.tables, stream,
+                                      [(e.tensor.data.ptr, e.tensor.size) for e in entries],
+                                      buf, kind, buf_kind, pre)
+                    lane.comm.allReduce(buf.data.ptr, buf.data.ptr, total, ntype, op,
+                                        stream.ptr)
+                    self.kernels.unpack(lane.tables, stream, buf,
+                                        [(o.data.ptr, o.size) for o in outputs], buf_kind,
+                                        kind, post, divisor)
+            wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE")
+        yield from wait
+        return outputs
+
+    # ----------------------------------------------------------- allgather
+    def allgather(self, response, entries, names):
+        """Every rank's rows land in place in each output: per tensor and per
+        rank one ncclBroadcast of that rank's bytes, all in one NCCL group."""
+        lane = yield from self._lane(response, entries)
+        size, me = lane.size, lane.rank
+        storage = self._storage(response.dtype)
+        rows = np.asarray(response.sizes, dtype=np.int64).reshape(len(entries), size)
+        with self._on(lane, entries):
+            outputs = [self.cp.empty((int(rows[i].sum()),) + tuple(e.shape[1:]), storage)
+                       for i, e in enumerate(entries)]
+            self.nccl.groupStart()
+            try:
+                for e, out, counts in zip(entries, outputs, rows):
+                    row_bytes = _row_elems(e.shape) * storage.itemsize
+                    for root, start in enumerate(_starts(counts * row_bytes)):
+                        nbytes = int(counts[root]) * row_bytes
+                        if nbytes:
+                            dst = out.data.ptr + start
+                            src = e.tensor.data.ptr if root == me else dst
+                            lane.comm.broadcast(src, dst, nbytes, self.nccl.NCCL_UINT8, root,
+                                                lane.stream.ptr)
+            finally:
+                self.nccl.groupEnd()
+            wait = self._finish(lane, entries, names, "NCCL_ALLGATHER")
+        yield from wait
+        return outputs
+
+    # ----------------------------------------------------------- broadcast
+    def broadcast(self, response, entries, names, root):
+        lane = yield from self._lane(response, entries)
+        storage = self._storage(response.dtype)
+        with self._on(lane, entries):
+            outputs = [e.output if e.output is not None else self.cp.empty(e.shape, storage)
+                       for e in entries]
+            self.nccl.groupStart()
+            try:
+                for e, out in zip(entries, outputs):
+                    if out.nbytes:
+                        lane.comm.broadcast(e.tensor.data.ptr, out.data.ptr, out.nbytes,
+                                            self.nccl.NCCL_UINT8, root, lane.stream.ptr)
+            finally:
+                self.nccl.groupEnd()
+            wait = self._finish(lane, entries, names, "NCCL_BCAST")
+        yield from wait
+        return outputs
+
+    # ------------------------------------------------------------ alltoall
+    def alltoall(self, response, entries, names):
+        """splits[i] rows to rank i: grouped send/recv; this rank's own rows by
+        a device copy."""
+        lane = yield from self._lane(response, entries)
+        size, me = lane.size, lane.rank
+        e = entries[0]
+        storage = self._storage(response.dtype)
+        splits = np.asarray(response.sizes, dtype=np.int64).reshape(size, size)
+        row_bytes = _row_elems(e.shape) * storage.itemsize
+        send_counts, recv_rows = splits[me] * row_bytes, splits[:, me].copy()
+        recv_counts = recv_rows * row_bytes
+        send_starts, recv_starts = _starts(send_counts), _starts(recv_counts)
+        cp, stream = self.cp, lane.stream
+        with self._on(lane, entries):
+            out = cp.empty((int(recv_rows.sum()),) + tuple(e.shape[1:]), storage)
+            src, dst = e.tensor.data.ptr, out.data.ptr
+            if recv_counts[me]:
+                cp.cuda.runtime.memcpyAsync(dst + recv_starts[me], src + send_starts[me],
+                                            int(recv_counts[me]),
+                                            cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+            self.nccl.groupStart()
+            try:
+                for peer in range(size):
+                    if peer == me:
+                        continue
+                    if send_counts[peer]:
+                        lane.comm.send(src + send_starts[peer], int(send_counts[peer]),
+                                       self.nccl.NCCL_UINT8, peer, stream.ptr)
+                    if recv_counts[peer]:
+                        lane.comm.recv(dst + recv_starts[peer], int(recv_counts[peer]),
+                                       self.nccl.NCCL_UINT8, peer, stream.ptr)
+            finally:
+                self.nccl.groupEnd()
+            wait = self._finish(lane, entries, names, "NCCL_ALLTOALL")
+        yield from wait
+        return [(out, recv_rows)]
+
+    # ------------------------------------------------------- reducescatter
+    def reducescatter(self, response, entries, names):
+        """Ranks get unequal shares (the first n % size one row more); NCCL's
+        reduce-scatter takes equal ones: the pack kernel lays out rank r's rows
+        of every tensor as block r, each block padded to the largest, one
+        ncclReduceScatter reduces, and the unpack kernel scales this rank's
+        block into its outputs."""
+        lane = yield from self._lane(response, entries)
+        size, me = lane.size, lane.rank
+        kind, buf_kind, buf_dtype, ntype, op, divisor = self._reduction(response, lane)
+        storage = self._storage(response.dtype)
+        item = storage.itemsize
+        rows = [reducescatter_rows(e.shape[0], size) for e in entries]
+        row_elems = [_row_elems(e.shape) for e in entries]
+        blocks = [sum(rows[i][r] * row_elems[i] for i in range(len(entries)))
+                  for r in range(size)]
+        block = max(blocks)
+        segments, taken = [], [0] * len(entries)
+        for r in range(size):
+            for i, e in enumerate(entries):
+                n = rows[i][r] * row_elems[i]
+                segments.append((e.tensor.data.ptr + taken[i] * item, n))
+                taken[i] += n
+            if blocks[r] < block:
+                segments.append((0, block - blocks[r]))  # padding
+        cp, stream = self.cp, lane.stream
+        with self._on(lane, entries):
+            outputs = [cp.empty((rows[i][me],) + tuple(e.shape[1:]), storage)
+                       for i, e in enumerate(entries)]
+            if block:
+                send = lane.buffer(cp, "send", block * size, buf_dtype)
+                recv = lane.buffer(cp, "recv", block, buf_dtype)
+                self.kernels.pack(lane.tables, stream, segments, send, kind, buf_kind,
+                                  response.prescale)
+                lane.comm.reduceScatter(send.data.ptr, recv.data.ptr, block, ntype, op,
+                                        stream.ptr)
+                self.kernels.unpack(lane.tables, stream, recv,
+                                    [(o.data.ptr, o.size) for o in outputs], buf_kind, kind,
+                                    response.postscale, divisor)
+            wait = self._finish(lane, entries, names, "NCCL_REDUCESCATTER")
+        yield from wait
+        return outputs
+
+    # ------------------------------------------------------------ send/recv
+    def p2p(self, response, entries, names, pair):
+        lane = yield from self._lane(response, entries)
+        sender, receiver = pair
+        spec = response.specs[0]
+        with self._on(lane, entries):
+            if lane.rank == sender:
+                data, result, activity = entries[0].tensor, None, "NCCL_SEND"
+                if data.nbytes:
+                    lane.comm.send(data.data.ptr, data.nbytes, self.nccl.NCCL_UINT8, receiver,
+                                   lane.stream.ptr)
+            else:
+                result = self.cp.empty(tuple(spec.shape), self._storage(spec.dtype))
+                activity = "NCCL_RECV"
+                if result.nbytes:
+                    lane.comm.recv(result.data.ptr, result.nbytes, self.nccl.NCCL_UINT8,
+                                   sender, lane.stream.ptr)
+            wait = self._finish(lane, entries, names, activity)
+        yield from wait
+        return [result]
+
+
+def _id_bytes(uid):
+    """NCCL's unique id as bytes (CuPy 14 gives bytes, older a tuple of chars)."""
+    if isinstance(uid, (bytes, bytearray)):
+        return bytes(uid)
+    return struct.pack(f"{len(uid)}b", *uid)

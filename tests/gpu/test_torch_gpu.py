@@ -1,0 +1,143 @@
+"""frontends.torch on CUDA tensors: zero-copy in and out, every op against
+the same computation on the host, torch and CuPy tensors in one job, a
+DistributedOptimizer run that equals single-process training on the full
+batch, and no host synchronisation on submit."""
+
+import copy
+import time
+
+import numpy as np
+import pytest
+
+
+def values(torch, rank, shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if not dtype.is_floating_point:
+        return torch.randint(1, 5, shape, generator=g).to(dtype)
+    return torch.randint(-8, 8, shape, generator=g).to(dtype)
+
+
+def test_inplace_allreduce_keeps_the_tensor_and_its_storage(hvd, torch_cuda):
+    torch, thvd = torch_cuda
+    t = torch.full((1000,), hvd.rank() + 1.0, device="cuda")
+    ptr = t.data_ptr()
+    out = thvd.allreduce_(t, op=thvd.Sum, name="t.inplace")
+    assert out is t and t.data_ptr() == ptr
+    assert t[0].item() == sum(r + 1 for r in range(hvd.size()))
+
+
+@pytest.mark.parametrize("name", ["uint8", "int8", "int16", "int32", "int64", "float16",
+                                  "bfloat16", "float32", "float64"])
+def test_every_op_on_cuda_tensors_matches_the_host(hvd, torch_cuda, name):
+    torch, thvd = torch_cuda
+    dtype = getattr(torch, name)
+    n, me = hvd.size(), hvd.rank()
+    inputs = [values(torch, r, (2 * n + 1, 3), dtype, seed=1) for r in range(n)]
+    x = inputs[me].cuda()
+    total = sum(i.double() for i in inputs)
+
+    out = thvd.allreduce(x, op=thvd.Sum, name=f"t.ar.{name}")
+    assert out.is_cuda and out.dtype == dtype
+    torch.testing.assert_close(out.cpu().double(), total)
+    out = thvd.allreduce(x, op=thvd.Average, name=f"t.avg.{name}")
+    want = total / n
+    torch.testing.assert_close(out.cpu().double(),
+                               want if dtype.is_floating_point else want.trunc())
+    outs = thvd.grouped_allreduce([x, x[:1].contiguous()], op=thvd.Max, name=f"t.gar.{name}")
+    torch.testing.assert_close(outs[1].cpu().double(),
+                               torch.stack([i[:1].double() for i in inputs]).amax(0))
+
+    gathered = thvd.allgather(inputs[me][:me + 1].cuda(), name=f"t.ag.{name}")
+    torch.testing.assert_close(gathered.cpu(), torch.cat([i[:r + 1]
+                                                          for r, i in enumerate(inputs)]))
+    b = x.clone()
+    thvd.broadcast_(b, root_rank=n - 1, name=f"t.bc.{name}")
+    torch.testing.assert_close(b.cpu(), inputs[n - 1])
+
+    rs = thvd.reducescatter(x, op=thvd.Sum, name=f"t.rs.{name}")
+    shares = [(2 * n + 1) // n + (1 if r < (2 * n + 1) % n else 0) for r in range(n)]
+    start = sum(shares[:me])
+    torch.testing.assert_close(rs.cpu().double(), total[start:start + shares[me]])
+
+    splits = torch.tensor([1] * n, dtype=torch.int32)
+    a2a, received = thvd.alltoall(x[:n].contiguous(), splits=splits, name=f"t.a2a.{name}")
+    torch.testing.assert_close(a2a.cpu(), torch.stack([i[me] for i in inputs]))
+    assert received.tolist() == [1] * n
+
+
+def test_bool_tensors_are_gathered_and_broadcast(hvd, torch_cuda):
+    torch, thvd = torch_cuda
+    n, me = hvd.size(), hvd.rank()
+    inputs = [values(torch, r, (r + 1, 2), torch.bool, seed=2) for r in range(n)]
+    out = thvd.allgather(inputs[me].cuda(), name="t.ag.bool")
+    assert out.dtype == torch.bool and out.is_cuda
+    assert torch.equal(out.cpu(), torch.cat(inputs))
+
+
+def test_torch_and_cupy_tensors_in_one_job(hvd, cp, torch_cuda):
+    torch, thvd = torch_cuda
+    n, me = hvd.size(), hvd.rank()
+    t = torch.full((300,), float(me), device="cuda")
+    c = cp.full(200, me + 1.0, cp.float32)
+    h_torch = thvd.allreduce_async(t, op=thvd.Sum, name="mix.torch")
+    h_cupy = hvd.allreduce_async(c, op=hvd.Sum, name="mix.cupy")
+    assert thvd.synchronize(h_torch)[0].item() == sum(range(n))
+    assert float(hvd.synchronize(h_cupy)[0]) == sum(r + 1 for r in range(n))
+
+
+def test_submit_does_not_wait_for_the_gpu(hvd, torch_cuda):
+    torch, thvd = torch_cuda
+    x = torch.ones(1 << 20, device="cuda")
+    torch.cuda._sleep(2_000_000_000)  # keeps the current stream busy for about a second
+    x.mul_(2)  # queued behind it: the allreduce must read this
+    start = time.perf_counter()
+    handle = thvd.allreduce_async_(x, op=thvd.Sum, name="t.busy")
+    submitted = time.perf_counter() - start
+    assert not torch.cuda.current_stream().query(), "the sleep ended before the test looked"
+    assert submitted < 0.2, f"allreduce_async_ took {submitted:.3f} s: it waited for the GPU"
+    out = thvd.synchronize(handle)
+    assert out is x and x[0].item() == 2 * hvd.size()
+
+
+def test_distributed_optimizer_equals_training_on_the_full_batch(hvd, torch_cuda):
+    torch, thvd = torch_cuda
+    n, me = hvd.size(), hvd.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4)).cuda()
+    reference = copy.deepcopy(model)
+    opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=model.named_parameters())
+    thvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(123)
+    per_rank = 6
+    for _ in range(5):
+        x = torch.randn(n * per_rank, 8, generator=g).cuda()  # the same batch everywhere
+        y = torch.randn(n * per_rank, 4, generator=g).cuda()
+        mine = slice(me * per_rank, (me + 1) * per_rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+        if n > 1:  # the hooks submitted during backward: every gradient is in flight
+            assert opt._handles and all(h is not None for h, _ in opt._handles.values())
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_tensors_go_in_and_results_come_back_without_copies(hvd, cp, torch_cuda):
+    torch, thvd = torch_cuda
+    from frontends.torch import _tensors
+
+    t = torch.arange(12, dtype=torch.bfloat16, device="cuda").reshape(3, 4)
+    bridged = _tensors.bridge(t, "test")
+    assert bridged.array.array.data.ptr == t.data_ptr()  # bfloat16: the marked int16 view
+    result = hvd.allgather(cp.arange(6, dtype=cp.float32), name="t.nocopy")
+    back = _tensors.to_tensor(result, torch.empty(0, device="cuda"))
+    assert back.data_ptr() == result.data.ptr and back.is_cuda
+    np.testing.assert_array_equal(back.cpu().numpy()[:6], np.arange(6, dtype=np.float32))

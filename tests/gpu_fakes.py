@@ -1,0 +1,400 @@
+"""A stand-in for CuPy (and its NCCL module) whose "device" memory is host
+memory, so the GPU path's host-side code runs on a machine without a GPU:
+the core's recognition of CUDA arrays, the backend choice, the staging
+backend, the NCCL backend's bookkeeping and the device-fusion kernels
+(compiled for the host as C). Used by tests/test_gpu_fallback.py.
+
+What it cannot show: anything about real streams, events, CUDA or NCCL.
+Its streams run nothing asynchronously (every copy happens at once, every
+event has fired), and FakeNccl runs each NCCL call as the matching MPI call
+on host memory.
+"""
+
+import ctypes
+import os
+import subprocess
+import types
+
+import numpy as np
+
+from coordinator.ops import device_fusion
+
+
+class _Pointer:
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Device:
+    id = 0
+
+
+class FakeDeviceArray:
+    """A "CUDA" array: host memory behind `__cuda_array_interface__`, and no
+    buffer protocol, so it cannot pass for a NumPy array anywhere."""
+
+    device = _Device()
+
+    def __init__(self, host):
+        self._host = host
+
+    @classmethod
+    def of(cls, values, dtype=None):
+        return cls(np.ascontiguousarray(np.array(values, dtype=dtype)))
+
+    shape = property(lambda self: self._host.shape)
+    dtype = property(lambda self: self._host.dtype)
+    size = property(lambda self: self._host.size)
+    nbytes = property(lambda self: self._host.nbytes)
+    ndim = property(lambda self: self._host.ndim)
+    flags = property(lambda self: self._host.flags)
+    data = property(lambda self: _Pointer(self._host.ctypes.data))
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
+                "data": (self._host.ctypes.data, False), "strides": None}
+
+    def view(self, dtype):
+        return FakeDeviceArray(self._host.view(dtype))
+
+    def reshape(self, *shape):
+        return FakeDeviceArray(self._host.reshape(*shape))
+
+    def __getitem__(self, key):
+        return FakeDeviceArray(self._host[key])
+
+    def get(self):
+        """A host copy (cupy.ndarray.get)."""
+        return self._host.copy()
+
+
+class _Event:
+    def __init__(self, **_):
+        self.stream = None
+
+    def record(self, stream=None):
+        self.stream = stream
+
+    done = True
+
+
+class _Stream:
+    current = []
+
+    def __init__(self, null=False, non_blocking=False, **_):
+        self.ptr = id(self)
+        self.non_blocking = non_blocking
+        self.waited = []
+
+    def __enter__(self):
+        _Stream.current.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _Stream.current.pop()
+
+    def wait_event(self, event):
+        self.waited.append(event)
+
+    def synchronize(self):
+        pass
+
+
+_NULL = _Stream()
+
+
+class _DeviceContext:
+    def __init__(self, device=None):
+        self.id = 0 if device is None else device
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def _memcpy(dst, src, nbytes, kind, stream):
+    ctypes.memmove(dst, src, nbytes)
+
+
+def fake_cupy(nccl=None, kernels=None):
+    """A module-like object standing for CuPy; `nccl` for cupy.cuda.nccl
+    (None: CuPy without NCCL); `kernels` a HostKernels for RawKernel."""
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1, memcpyAsync=_memcpy, memcpyHostToDevice=1,
+        memcpyDeviceToHost=2, memcpyDeviceToDevice=3, memcpyDefault=4)
+    cuda = types.SimpleNamespace(
+        Device=_DeviceContext, Stream=_Stream, Event=_Event, runtime=runtime,
+        get_current_stream=lambda device_id=-1: (_Stream.current or [_NULL])[-1],
+        alloc_pinned_memory=bytearray)
+    if nccl is not None:
+        cuda.nccl = nccl
+
+    def empty(shape, dtype=np.float64):
+        return FakeDeviceArray(np.empty(shape, dtype))
+
+    def zeros(shape, dtype=np.float64):
+        return FakeDeviceArray(np.zeros(shape, dtype))
+
+    def asarray(obj):
+        if isinstance(obj, FakeDeviceArray):
+            return obj
+        raise TypeError("the fake CuPy views only its own arrays")
+
+    def from_dlpack(obj):
+        raise TypeError("the fake CuPy takes no DLPack")
+
+    def ascontiguousarray(arr):
+        return FakeDeviceArray(np.ascontiguousarray(arr._host))
+
+    def raw_kernel(code, name):
+        if kernels is None:
+            raise RuntimeError("no host kernels given to the fake CuPy")
+        return kernels.function(name)
+
+    return types.SimpleNamespace(
+        __version__="14.0.0+fake", ndarray=FakeDeviceArray, cuda=cuda, empty=empty,
+        zeros=zeros, asarray=asarray, from_dlpack=from_dlpack,
+        ascontiguousarray=ascontiguousarray, RawKernel=raw_kernel)
+
+
+# ------------------------------------------------------- kernels on the host
+_HOST_FLOAT16 = r"""
+#include <string.h>
+#define __device__
+#define __forceinline__ static inline
+#define __global__
+typedef struct { unsigned int x; } dim3_t;
+static const dim3_t blockIdx = {0}, blockDim = {1}, gridDim = {1}, threadIdx = {0};
+static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+typedef unsigned short bits16;
+static inline float load_float16(bits16 h) { _Float16 v; memcpy(&v, &h, 2); return (float)v; }
+static inline bits16 store_float16(float f) {
+    _Float16 v = (_Float16)f; bits16 h; memcpy(&h, &v, 2); return h;
+}
+"""
+
+KERNEL_PAIRS = [(k, k) for k in device_fusion._KINDS] + [("int16", "int32")]
+
+
+class HostKernels:
+    """Every pack/unpack kernel, compiled as C for the host (gcc, with
+    _Float16 standing for the device's float16 conversions), run as one
+    thread covering the whole grid-stride loop."""
+
+    def __init__(self, directory):
+        parts = [_HOST_FLOAT16, device_fusion._PRELUDE]
+        for direction in ("pack", "unpack"):
+            for tensor_kind, buffer_kind in KERNEL_PAIRS:
+                _, source = device_fusion.kernel_source(direction, tensor_kind, buffer_kind)
+                kernel = source[len(device_fusion._FLOAT16) + len(device_fusion._PRELUDE):]
+                parts.append(kernel.replace('extern "C" ', ""))
+        path = os.path.join(directory, "host_kernels.c")
+        with open(path, "w") as f:
+            f.write("\n".join(parts))
+        lib = os.path.join(directory, "host_kernels.so")
+        subprocess.run(["gcc", "-O1", "-std=gnu11", "-shared", "-fPIC", path, "-o", lib],
+                       check=True, capture_output=True, text=True)
+        self.lib = ctypes.CDLL(lib)
+
+    def function(self, name):
+        fn = getattr(self.lib, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong,
+                       ctypes.c_double, ctypes.c_double, ctypes.c_int]
+
+        def launch(grid, block, args):
+            table, n, buf, total, scale, divisor, scaled = args
+            fn(table.data.ptr, int(n), buf.data.ptr, int(total), float(scale), float(divisor),
+               int(scaled))
+        return launch
+
+
+# ------------------------------------------------------------------ NCCL
+# bfloat16 (9) only moves here, as 16-bit words: MPI cannot reduce it.
+_NCCL_DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
+                6: np.float16, 7: np.float32, 8: np.float64, 9: np.uint16}
+
+
+def _host(ptr, count, dtype):
+    dtype = np.dtype(dtype)
+    if count == 0:
+        return np.empty(0, dtype)
+    return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(ptr), dtype)
+
+
+class FakeNccl:
+    """cupy.cuda.nccl over MPI on host memory: each call runs as the matching
+    MPI call on `comm` (a communicator of its own, over every rank), at
+    once or, inside groupStart/groupEnd, all together at groupEnd."""
+
+    NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64 = 0, 1, 2, 3, 4
+    NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_BFLOAT16 = 6, 7, 8, 9
+    NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
+    available = True
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.group = None
+        self.calls = []  # (call, nbytes), for the tests
+
+    def get_unique_id(self):
+        return bytes(range(128))
+
+    def get_version(self):
+        return 22809
+
+    def groupStart(self):
+        self.group = []
+
+    def groupEnd(self):
+        requests, self.group = self.group, None
+        for request in requests:  # all were started before the first wait
+            request.Wait()
+
+    def NcclCommunicator(self, size, uid, rank):
+        assert len(uid) == 128 and size == self.comm.size and rank == self.comm.rank
+        return _FakeNcclComm(self)
+
+    def run(self, request):
+        if self.group is None:
+            request.Wait()
+        else:
+            self.group.append(request)
+
+
+class _FakeNcclComm:
+    def __init__(self, nccl):
+        self.nccl = nccl
+        self.comm = nccl.comm
+
+    def _op(self, op):
+        from mpi4py import MPI
+
+        return {0: MPI.SUM, 1: MPI.PROD, 2: MPI.MAX, 3: MPI.MIN}[op]
+
+    def allReduce(self, send, recv, count, dtype, op, stream):
+        from mpi4py import MPI
+
+        self.nccl.calls.append(("allReduce", count))
+        out = _host(recv, count, _NCCL_DTYPES[dtype])
+        src = MPI.IN_PLACE if send == recv else _host(send, count, _NCCL_DTYPES[dtype])
+        self.nccl.run(self.comm.Iallreduce(src, out, self._op(op)))
+
+    def broadcast(self, send, recv, count, dtype, root, stream):
+        self.nccl.calls.append(("broadcast", count))
+        out = _host(recv, count, _NCCL_DTYPES[dtype])
+        if self.comm.rank == root and send != recv:
+            out[:] = _host(send, count, _NCCL_DTYPES[dtype])
+        self.nccl.run(self.comm.Ibcast(out, root=root))
+
+    def reduceScatter(self, send, recv, count, dtype, op, stream):
+        self.nccl.calls.append(("reduceScatter", count))
+        size = self.comm.size
+        src = _host(send, count * size, _NCCL_DTYPES[dtype])
+        out = _host(recv, count, _NCCL_DTYPES[dtype])
+        self.nccl.run(self.comm.Ireduce_scatter_block(src, out, self._op(op)))
+
+    def send(self, ptr, count, dtype, peer, stream):
+        self.nccl.calls.append(("send", count))
+        self.nccl.run(self.comm.Isend(_host(ptr, count, _NCCL_DTYPES[dtype]), peer, 5))
+
+    def recv(self, ptr, count, dtype, peer, stream):
+        self.nccl.calls.append(("recv", count))
+        self.nccl.run(self.comm.Irecv(_host(ptr, count, _NCCL_DTYPES[dtype]), peer, 5))
+
+    def check_async_error(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+# ------------------------------------------------------------------- MPI
+def host_buffer(spec):
+    """The array of an mpi4py buffer argument ([array, type], [array, (counts,
+    displacements), type], an array, or MPI.IN_PLACE); raises AssertionError
+    if it is not host memory."""
+    from mpi4py import MPI
+
+    if spec is None or spec is MPI.IN_PLACE:
+        return None
+    array = spec[0] if isinstance(spec, (list, tuple)) else spec
+    assert isinstance(array, (np.ndarray, bytearray)), \
+        f"MPI was handed a {type(array).__name__}, not host memory"
+    assert not hasattr(array, "__cuda_array_interface__"), "MPI was handed device memory"
+    return array
+
+
+class _Done:
+    def Test(self):
+        return True
+
+    def Wait(self):
+        pass
+
+
+class SoloComm:
+    """A one-rank stand-in for an mpi4py communicator that checks that every
+    buffer it is handed is host memory (`calls` counts them)."""
+
+    rank, size = 0, 1
+
+    def __init__(self):
+        self.calls = 0
+
+    def _copy(self, send, recv):
+        self.calls += 1
+        dst = host_buffer(recv)
+        src = host_buffer(send)
+        if src is not None and dst is not None:
+            n = min(np.asarray(src).nbytes, np.asarray(dst).nbytes)
+            np.asarray(dst).reshape(-1).view(np.uint8)[:n] = \
+                np.asarray(src).reshape(-1).view(np.uint8)[:n]
+        return _Done()
+
+    def Iallreduce(self, send, recv, op=None):
+        return self._copy(send, recv)
+
+    def Iallgatherv(self, send, recv):
+        return self._copy(send, recv)
+
+    def Ialltoallv(self, send, recv):
+        return self._copy(send, recv)
+
+    def Ireduce_scatter(self, send, recv, counts=None, op=None):
+        return self._copy(send, recv)
+
+    def Ireduce_scatter_block(self, send, recv, op=None):
+        return self._copy(send, recv)
+
+    def Ibcast(self, buf, root=0):
+        return self._copy(None, buf)
+
+
+class CheckedComm:
+    """A real communicator whose non-blocking calls check that they are
+    handed host memory only (`calls` counts them)."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self.calls = 0
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if not (name.startswith("I") and callable(attr)):
+            return attr
+
+        def checked(*args, **kwargs):
+            for arg in list(args) + list(kwargs.values()):
+                first = arg[0] if isinstance(arg, (list, tuple)) and arg else arg
+                assert not hasattr(first, "__cuda_array_interface__"), \
+                    f"MPI {name} was handed device memory"
+            self.calls += 1
+            return attr(*args, **kwargs)
+        return checked

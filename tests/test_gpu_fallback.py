@@ -1,0 +1,475 @@
+"""The GPU path's decisions and host-side machinery, on a machine without a
+GPU: a fake CuPy (tests/gpu_fakes.py) whose "device" memory is host memory
+stands in for CuPy.
+
+- The core recognises CUDA arrays without importing CuPy for NumPy input,
+  and says clearly when CuPy is missing.
+- Which backends run device tensors (NCCL, or staging through host memory)
+  and whether MPI is CUDA-aware.
+- A device array never reaches MPI: the staging backend hands it host
+  memory only, in process and end to end at np=2 under mpirun (`case_*`
+  below, run by mpi_harness), where every MPI call of the data
+  communicators is checked.
+- The NCCL backend's bookkeeping (lanes, tables, fusion, ragged shares)
+  against NumPy at np=2, with NCCL calls run as MPI calls on host memory.
+- The device-fusion kernels, compiled as C for the host, against fusion.py.
+
+Real streams, events, CUDA and NCCL are tested on a GPU only (tests/gpu/).
+"""
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+if "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
+    import mpi4py
+
+    mpi4py.rc.initialize = False  # in process nothing starts MPI (as coordinator/run.py)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_fakes  # noqa: E402
+from gpu_fakes import FakeDeviceArray  # noqa: E402
+
+from coordinator import collectives, dtypes, fusion, gpu  # noqa: E402
+from coordinator.tensor_queue import Entry  # noqa: E402
+from coordinator.wire import pb  # noqa: E402
+
+BF16 = dtypes.BFLOAT16
+NEEDS_GCC = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc for host kernels")
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    cp = gpu_fakes.fake_cupy()
+    monkeypatch.setitem(gpu._modules, "cupy", cp)
+    return cp
+
+
+@pytest.fixture(scope="module")
+def host_kernels():
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the kernels for the host")
+    with tempfile.TemporaryDirectory() as scratch:
+        yield gpu_fakes.HostKernels(scratch)
+
+
+def drive(gen):
+    """Runs a backend generator to its result (every fake step is ready)."""
+    try:
+        waiting = next(gen)
+        while True:
+            assert waiting.ready()
+            waiting = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+# --------------------------------------------------------- the core's input
+def test_numpy_input_never_imports_cupy():
+    before = "cupy" in sys.modules
+    arr, info, device = collectives._array(np.ones(3, np.float32), "x", True)
+    assert device == -1 and info.name == "float32"
+    assert not gpu.is_device_array([1, 2]) and not gpu.is_device_array(np.ones(2))
+    assert ("cupy" in sys.modules) == before
+
+
+def test_a_cuda_array_is_viewed_in_place_with_its_device(fake_cupy):
+    x = FakeDeviceArray.of(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert gpu.is_device_array(x)
+    arr, info, device = collectives._array(x, "allreduce of tensor 'x'", True)
+    assert arr is x and info.name == "float32" and device == 0
+
+
+def test_a_cuda_array_without_cupy_is_a_value_error_that_says_so(monkeypatch):
+    monkeypatch.setitem(gpu._modules, "cupy", None)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` fails
+    with pytest.raises(ValueError, match="CUDA arrays need CuPy"):
+        collectives._array(FakeDeviceArray.of([1.0]), "allreduce of tensor 'x'", True)
+
+
+def test_bfloat16_goes_in_as_a_marked_16_bit_view(fake_cupy):
+    if BF16 is None:
+        pytest.skip("needs ml_dtypes")
+    bits = FakeDeviceArray.of(np.array([1.0, 2.5], np.float32).astype(BF16).view(np.int16))
+    arr, info, _ = collectives._array(gpu.bfloat16(bits), "x", True)
+    assert info.dtype == BF16 and arr.dtype == np.int16
+    with pytest.raises(ValueError, match="16-bit integer view"):
+        collectives._array(gpu.bfloat16(FakeDeviceArray.of([1.0], np.float32)), "x", True)
+
+
+def test_a_device_output_must_match_the_tensor(fake_cupy):
+    x = FakeDeviceArray.of(np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="must be a CUDA array"):
+        collectives._output(np.zeros(4, np.float32), x, 0, "x")
+    with pytest.raises(ValueError, match="shape"):
+        collectives._output(FakeDeviceArray.of(np.zeros(5, np.float32)), x, 0, "x")
+    out = FakeDeviceArray.of(np.zeros(4, np.float32))
+    assert collectives._output(out, x, 0, "x") is out
+
+
+def test_a_grouped_submission_shares_one_ready_event(fake_cupy):
+    entries = [Entry(f"t{i}", pb.ALLREDUCE, device=0) for i in range(3)]
+    entries.append(Entry("cpu", pb.ALLREDUCE, device=-1))
+    gpu.record_ready(entries)
+    events = {id(e.ready_event) for e in entries[:3]}
+    assert len(events) == 1 and entries[3].ready_event is None
+
+
+# ------------------------------------------------------------ the decision
+def test_device_plan_prefers_nccl_and_never_hands_mpi_device_memory():
+    from coordinator.ops import device_plan
+
+    assert device_plan(False, True, True)[0] == []
+    names, why = device_plan(True, True, False)
+    assert names == ["nccl", "mpi-staged"] and "not CUDA-aware" in why
+    names, why = device_plan(True, False, False)
+    assert names == ["mpi-staged"] and "NCCL is unavailable" in why
+    names, why = device_plan(True, False, True)
+    assert names == ["mpi-staged"] and "only host memory" in why
+
+
+def _backends(monkeypatch, cp):
+    from coordinator.config import Config
+    from coordinator.fusion import FusionBuffers
+    from coordinator.ops import create_backends
+    from coordinator.timeline import Timeline
+    from coordinator.topology import Topology
+
+    monkeypatch.setitem(gpu._modules, "cupy", cp)
+    if cp is None:
+        monkeypatch.setattr(gpu.importlib.util, "find_spec", lambda name: None)
+    manager = create_backends(Config(), gpu_fakes.SoloComm(), lambda pid: [0], FusionBuffers(),
+                              Timeline(), 0, Topology(0, ["host"]))
+    return [b.name for b in manager.backends]
+
+
+def test_without_cupy_no_device_backend_is_built(monkeypatch):
+    assert _backends(monkeypatch, None) == ["adasum", "mpi"]
+
+
+def test_without_nccl_device_tensors_are_staged_and_that_is_logged(monkeypatch, caplog):
+    with caplog.at_level(logging.INFO, logger="coordinator"):
+        assert _backends(monkeypatch, gpu_fakes.fake_cupy()) == ["mpi-staged", "adasum", "mpi"]
+    assert "staged through pinned host memory" in caplog.text
+    assert "NCCL is unavailable" in caplog.text
+
+
+def test_with_nccl_it_is_asked_first(monkeypatch):
+    cp = gpu_fakes.fake_cupy(nccl=gpu_fakes.FakeNccl(gpu_fakes.SoloComm()))
+    assert _backends(monkeypatch, cp) == ["nccl", "mpi-staged", "adasum", "mpi"]
+
+
+def test_mpi_without_the_cuda_query_is_not_cuda_aware(tmp_path):
+    from coordinator.ops.mpi_ops import mpi_cuda_aware
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 00000000 00:00 0 /usr/lib/libc.so.6\n")
+    assert mpi_cuda_aware(str(maps)) is False  # no libmpi loaded
+    libc = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/libc.so.6")
+                 if os.path.exists(p)), None)
+    if libc is not None:  # a library without MPIX_Query_cuda_support
+        target = tmp_path / "libmpi.so.40"
+        target.symlink_to(libc)
+        maps.write_text(f"7f00-7f01 r-xp 00000000 00:00 0 {target}\n")
+        assert mpi_cuda_aware(str(maps)) is False
+
+
+# ------------------------------------------------------ staging, one rank
+def _response(op, wire, **fields):
+    fields = {"prescale": 1.0, "postscale": 1.0, **fields}
+    return pb.Response(op=op, process_set_id=0, dtype=wire, device=0, **fields)
+
+
+def _entry(op, values, **fields):
+    x = FakeDeviceArray.of(values)
+    info = dtypes.info_for(x.dtype)
+    e = Entry("t", op, tensor=x, dtype_info=info, shape=x.shape, device=0, **fields)
+    e.ready_event = gpu_fakes._Event()
+    return e
+
+
+def _staged(cp):
+    from coordinator.fusion import FusionBuffers
+    from coordinator.ops import OperationManager
+    from coordinator.ops.adasum import AdasumOps
+    from coordinator.ops.mpi_ops import Communicators, MPIOps
+    from coordinator.ops.staging import HostStaging, StagedDeviceOps
+    from coordinator.timeline import Timeline
+
+    comm = gpu_fakes.SoloComm()
+    comms = Communicators(comm, lambda pid: [0])
+    host = OperationManager([AdasumOps(comms, Timeline()),
+                             MPIOps(comms, FusionBuffers(), Timeline(), 0)])
+    return StagedDeviceOps(host, HostStaging()), comm
+
+
+def test_staging_hands_mpi_host_copies_and_returns_device_arrays(fake_cupy):
+    ops, comm = _staged(fake_cupy)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    cases = [
+        (ops.allreduce, _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.AVERAGE), {}),
+        (ops.allreduce, _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.ADASUM), {}),
+        (ops.allgather, _response(pb.ALLGATHER, pb.FLOAT32, sizes=[3]), {}),
+        (ops.broadcast, _response(pb.BROADCAST, pb.FLOAT32), {"root": 0}),
+        (ops.reducescatter, _response(pb.REDUCESCATTER, pb.FLOAT32, reduce_op=pb.SUM), {}),
+    ]
+    for run, response, kwargs in cases:
+        (out,) = drive(run(response, [_entry(response.op, x)], ["t"], **kwargs))
+        assert isinstance(out, FakeDeviceArray), run.__name__
+        np.testing.assert_array_equal(out.get(), x, err_msg=run.__name__)
+    response = _response(pb.ALLTOALL, pb.FLOAT32, sizes=[3])
+    ((out, received),) = drive(ops.alltoall(response, [_entry(pb.ALLTOALL, x)], ["t"]))
+    np.testing.assert_array_equal(out.get(), x)
+    assert list(received) == [3]
+    assert comm.calls >= 5  # every op but Adasum (alone at one rank) reached "MPI"
+
+
+def test_staging_writes_into_the_given_device_output(fake_cupy):
+    ops, _ = _staged(fake_cupy)
+    e = _entry(pb.ALLREDUCE, np.ones(5, np.int32))
+    e.output = e.tensor  # in place, as torch's allreduce_
+    (out,) = drive(ops.allreduce(_response(pb.ALLREDUCE, pb.INT32, reduce_op=pb.SUM),
+                                 [e], ["t"]))
+    assert out is e.tensor and e.done_event is not None
+
+
+# ------------------------------------------------------ NCCL, one rank
+class _SoloComms:
+    """The device lanes' Communicators at one rank."""
+
+    def __init__(self):
+        self.comm = gpu_fakes.SoloComm()
+
+    def __getitem__(self, pid):
+        return self.comm
+
+    def share(self, pid, payload, nbytes):
+        from coordinator.ops.mpi_ops import Requests
+
+        return bytearray(payload), Requests([gpu_fakes._Done()])
+
+
+def _nccl_ops(host_kernels, monkeypatch):
+    from coordinator.ops.nccl_ops import NCCLOps
+    from coordinator.timeline import Timeline
+
+    nccl = gpu_fakes.FakeNccl(gpu_fakes.SoloComm())
+    monkeypatch.setitem(gpu._modules, "cupy", gpu_fakes.fake_cupy(nccl, host_kernels))
+    return NCCLOps(_SoloComms(), Timeline(), nccl), nccl
+
+
+def test_nccl_fused_allreduce_is_one_call_between_one_pack_and_one_unpack(host_kernels,
+                                                                          monkeypatch):
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    shapes = [(3, 2), (0,), (5,), (1, 1, 4)]
+    entries = [_entry(pb.ALLREDUCE, np.arange(np.prod(s), dtype=np.float32).reshape(s) + i)
+               for i, s in enumerate(shapes)]
+    response = _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM, prescale=2.0,
+                         postscale=0.25)
+    outs = drive(ops.allreduce(response, entries, ["t"] * len(entries)))
+    assert [c[0] for c in nccl.calls] == ["allReduce"]
+    for e, out in zip(entries, outs):
+        np.testing.assert_allclose(out.get(), e.tensor.get() * 0.5)
+        assert e.done_event is not None
+
+
+def test_nccl_allreduce_widens_int16_and_reduces_bfloat16_bits(host_kernels, monkeypatch):
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    e = _entry(pb.ALLREDUCE, np.array([-7, 0, 7, 32000], np.int16))
+    (out,) = drive(ops.allreduce(_response(pb.ALLREDUCE, pb.INT16, reduce_op=pb.AVERAGE),
+                                 [e], ["t"]))
+    assert out.dtype == np.int16 and list(out.get()) == [-7, 0, 7, 32000]
+    if BF16 is not None:
+        values = np.array([1.5, -2.25, 3.0], np.float32).astype(BF16)
+        e = _entry(pb.ALLREDUCE, values.view(np.int16))
+        e.dtype_info = dtypes.BY_DTYPE[BF16]
+        response = _response(pb.ALLREDUCE, pb.BFLOAT16, reduce_op=pb.SUM, postscale=2.0)
+        (out,) = drive(ops.allreduce(response, [e], ["t"]))
+        np.testing.assert_array_equal(out.get().view(BF16).astype(np.float32),
+                                      values.astype(np.float32) * 2)
+
+
+def test_nccl_reducescatter_allgather_broadcast_alltoall_at_one_rank(host_kernels, monkeypatch):
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    x = np.arange(10, dtype=np.float64).reshape(5, 2)
+    response = _response(pb.REDUCESCATTER, pb.FLOAT64, reduce_op=pb.AVERAGE, prescale=3.0)
+    (out,) = drive(ops.reducescatter(response, [_entry(pb.REDUCESCATTER, x)], ["t"]))
+    np.testing.assert_allclose(out.get(), x * 3)
+    (out,) = drive(ops.allgather(_response(pb.ALLGATHER, pb.FLOAT64, sizes=[5]),
+                                 [_entry(pb.ALLGATHER, x)], ["t"]))
+    np.testing.assert_array_equal(out.get(), x)
+    (out,) = drive(ops.broadcast(_response(pb.BROADCAST, pb.FLOAT64),
+                                 [_entry(pb.BROADCAST, x)], ["t"], root=0))
+    np.testing.assert_array_equal(out.get(), x)
+    ((out, received),) = drive(ops.alltoall(_response(pb.ALLTOALL, pb.FLOAT64, sizes=[5]),
+                                            [_entry(pb.ALLTOALL, x)], ["t"]))
+    np.testing.assert_array_equal(out.get(), x)
+
+
+# ---------------------------------------------------------- fusion kernels
+_KIND_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32,
+                "int64": np.int64, "float16": np.float16, "float32": np.float32,
+                "float64": np.float64, "bfloat16": BF16}
+
+
+def _values(dtype, n, rng):
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(0, 20, size=n).astype(dtype)  # scaled by 3, fits int8
+    return (rng.standard_normal(n) * 10).astype(np.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("tensor_kind,buffer_kind", gpu_fakes.KERNEL_PAIRS)
+def test_fusion_kernels_match_the_host_reference(tensor_kind, buffer_kind, host_kernels):
+    from coordinator.ops.device_fusion import Kernels, Tables
+
+    t_dtype, b_dtype = _KIND_DTYPES[tensor_kind], _KIND_DTYPES[buffer_kind]
+    if t_dtype is None:
+        pytest.skip("needs ml_dtypes")
+    cp = gpu_fakes.fake_cupy(kernels=host_kernels)
+    kernels, tables, stream = Kernels(cp), Tables(cp), cp.cuda.Stream()
+    rng = np.random.default_rng(0)
+    sources = [_values(t_dtype, n, rng) for n in (7, 0, 300, 1)]
+    segments = [(s.ctypes.data, s.size) for s in sources]
+    segments.insert(2, (0, 5))  # padding
+    total = sum(n for _, n in segments)
+    for scale, divisor in ((1.0, 1), (0.5, 1), (3.0, 2)):
+        buf = FakeDeviceArray(np.full(total, 99, b_dtype))
+        kernels.pack(tables, stream, segments, buf, tensor_kind, buffer_kind, scale)
+        expected = np.zeros(total, b_dtype)
+        pos = 0
+        for ptr, n in segments:
+            if ptr:
+                src = next(s for s in sources if s.ctypes.data == ptr)
+                fusion.copy_scaled(src, expected[pos:pos + n], scale)
+            pos += n
+        np.testing.assert_array_equal(buf.get().view(np.uint8), expected.view(np.uint8))
+        outs = [np.zeros(s.size, t_dtype) for s in sources]
+        out_segments = [(o.ctypes.data, o.size) for o in outs]
+        out_segments.insert(2, (0, 5))
+        kernels.unpack(tables, stream, buf, out_segments, buffer_kind, tensor_kind, scale,
+                       divisor)
+        pos = 0
+        for (ptr, n) in out_segments:
+            if ptr:
+                out = next(o for o in outs if o.ctypes.data == ptr)
+                want = np.zeros(n, t_dtype)
+                fusion.copy_scaled(expected[pos:pos + n], want, scale, divisor)
+                np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8),
+                                              err_msg=f"{tensor_kind} scale {scale}/{divisor}")
+            pos += n
+
+
+# ------------------------------------------------- end to end, under mpirun
+def _mpi_env(fake_nccl):
+    return {"FAKE_NCCL": "1" if fake_nccl else "0",
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30", "HOROVOD_LOG_LEVEL": "info"}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
+@pytest.mark.parametrize("case", ["every_op_on_device_arrays", "no_device_memory_reached_mpi"])
+def test_device_arrays_end_to_end_at_np2(case, fake_nccl):
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the kernels for the host")
+    from mpi_harness import CaseResults
+
+    results = _RESULTS.setdefault(fake_nccl, CaseResults(
+        "tests/test_gpu_fallback.py", env=_mpi_env(fake_nccl)))
+    results.check(case, 2)
+
+
+_RESULTS = {}
+_CHECKED = []  # the data communicators, checked (filled under mpirun)
+
+
+def setup(hvd):
+    """Under mpirun: CuPy is the fake (with NCCL run over MPI when FAKE_NCCL=1),
+    and every data communicator checks what it is handed."""
+    from mpi4py import MPI
+
+    from coordinator.ops import mpi_ops
+
+    scratch = tempfile.mkdtemp(prefix=f"host-kernels-{MPI.COMM_WORLD.rank}-")
+    nccl = None
+    if os.environ.get("FAKE_NCCL") == "1":
+        nccl = gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup())
+    gpu._modules["cupy"] = gpu_fakes.fake_cupy(nccl, gpu_fakes.HostKernels(scratch))
+    group = mpi_ops.Communicators.group
+
+    def checked_group(self, ranks, tag=0):
+        comm = gpu_fakes.CheckedComm(group(self, ranks, tag))
+        _CHECKED.append(comm)
+        return comm
+    mpi_ops.Communicators.group = checked_group
+    hvd.init()
+
+
+def _backend(hvd):
+    from coordinator import runtime
+
+    return runtime.current().ops.backends[0].name
+
+
+def case_every_op_on_device_arrays(hvd):
+    n, me = hvd.size(), hvd.rank()
+    expect = "nccl" if os.environ.get("FAKE_NCCL") == "1" else "mpi-staged"
+    assert _backend(hvd) == expect, _backend(hvd)
+    dtypes_ = [np.int16, np.int32, np.float32, np.float64]
+    for dtype in dtypes_:
+        x = [np.arange(6, dtype=dtype).reshape(2, 3) + r for r in range(n)]
+        out = hvd.allreduce(FakeDeviceArray.of(x[me]), op=hvd.Sum, name=f"ar.{dtype.__name__}")
+        assert isinstance(out, FakeDeviceArray)
+        np.testing.assert_array_equal(out.get(), sum(x))
+        avg = hvd.allreduce(FakeDeviceArray.of(x[me]), name=f"avg.{dtype.__name__}",
+                            prescale_factor=2.0)
+        want = sum(xi.astype(np.float64) * 2 for xi in x) / n
+        np.testing.assert_allclose(avg.get().astype(np.float64),
+                                   np.trunc(want) if np.dtype(dtype).kind == "i" else want)
+    grouped = hvd.grouped_allreduce([FakeDeviceArray.of(np.full(k + 1, me + k, np.float32))
+                                     for k in range(4)], op=hvd.Max, name="grouped")
+    for k, out in enumerate(grouped):
+        np.testing.assert_array_equal(out.get(), np.full(k + 1, n - 1 + k, np.float32))
+    rows = [r + 1 for r in range(n)]  # a ragged first dimension
+    mine = np.full((rows[me], 2), me, np.float32)
+    gathered = hvd.allgather(FakeDeviceArray.of(mine), name="ag")
+    np.testing.assert_array_equal(gathered.get(), np.concatenate(
+        [np.full((rows[r], 2), r, np.float32) for r in range(n)]))
+    b = hvd.broadcast(FakeDeviceArray.of(np.full(3, me, np.int64)), root_rank=n - 1, name="bc")
+    np.testing.assert_array_equal(b.get(), np.full(3, n - 1))
+    splits = [r + 1 for r in range(n)]
+    src = np.repeat(np.arange(n, dtype=np.int32) + 10 * me, splits)
+    out, received = hvd.alltoall(FakeDeviceArray.of(src), splits=splits, name="a2a")
+    np.testing.assert_array_equal(out.get(), np.array(
+        [10 * r + me for r in range(n) for _ in range(me + 1)], np.int32))
+    total = 2 * n + 1  # uneven shares: the first rank gets one row more
+    data = [np.arange(total * 2, dtype=np.float32).reshape(total, 2) * (r + 1) for r in range(n)]
+    share = hvd.reducescatter(FakeDeviceArray.of(data[me]), op=hvd.Sum, name="rs")
+    start = sum(collectives_rows(total, n)[:me])
+    np.testing.assert_array_equal(share.get(), sum(data)[start:start + collectives_rows(
+        total, n)[me]])
+    if n > 1 and me < 2:
+        if me == 0:
+            hvd.send(FakeDeviceArray.of(np.arange(4, dtype=np.float16)), 1, name="p2p")
+        else:
+            got = hvd.recv(0, name="p2p")
+            np.testing.assert_array_equal(got.get(), np.arange(4, dtype=np.float16))
+
+
+def collectives_rows(total, n):
+    from coordinator.ops.mpi_ops import reducescatter_rows
+
+    return reducescatter_rows(total, n)
+
+
+def case_no_device_memory_reached_mpi(hvd):
+    # The checks ran inside every call of the previous case; here the
+    # device lanes' communicators must have been used and have seen no
+    # device memory (a violation fails the call it happened in).
+    assert _CHECKED, "no data communicator was created"
+    if os.environ.get("FAKE_NCCL") != "1":
+        assert sum(c.calls for c in _CHECKED) > 0, "the staging backend made no MPI call"
