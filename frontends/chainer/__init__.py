@@ -12,31 +12,41 @@ they are submitted by name to the process's coordinator, the background
 thread PyTorch and TensorFlow frontends share, so Chainer's tensors get the
 same negotiation, fusion, response cache, timeline and error reporting.
 
-Modules, as in ChainerMN: communicators, datasets, extensions, iterators,
-links, optimizers.
+Model parallelism as in ChainerMN: `functions` (send, recv, pseudo_connect
+and the differentiable collectives), `links.MultiNodeChainList` and
+`links.create_multi_node_n_step_rnn`; their messages also go through the
+coordinator. `global_except_hook` turns one rank's uncaught exception into
+the end of the whole job (CHAINERMN_FORCE_ABORT_ON_EXCEPTION=1).
+
+Modules, as in ChainerMN: communicators, datasets, extensions, functions,
+global_except_hook, iterators, links, optimizers.
 """
 
 from frontends.chainer._import_chainer import import_chainer
 
 chainer = import_chainer()
 
-from frontends.chainer import communicators, datasets, extensions, iterators, links, optimizers
+from frontends.chainer import (communicators, datasets, extensions, functions,
+                               global_except_hook, iterators, links, optimizers)
 from frontends.chainer.communicators import CommunicatorBase, create_communicator
 from frontends.chainer.datasets import (DataSizeError, create_empty_dataset, scatter_dataset,
                                         scatter_index)
 from frontends.chainer.extensions import (create_multi_node_checkpointer,
                                           create_multi_node_evaluator)
 from frontends.chainer.iterators import create_multi_node_iterator, create_synchronized_iterator
-from frontends.chainer.links import MultiNodeBatchNormalization
+from frontends.chainer.links import MultiNodeBatchNormalization, MultiNodeChainList
 from frontends.chainer.optimizers import create_multi_node_optimizer
+
+global_except_hook._add_hook_if_enabled()
 
 __version__ = chainer.__version__
 
 __all__ = [
-    "communicators", "datasets", "extensions", "iterators", "links", "optimizers",
+    "communicators", "datasets", "extensions", "functions", "global_except_hook", "iterators",
+    "links", "optimizers",
     "CommunicatorBase", "create_communicator", "DataSizeError", "create_empty_dataset",
     "scatter_dataset", "scatter_index", "create_multi_node_checkpointer",
     "create_multi_node_evaluator", "create_multi_node_iterator",
-    "create_synchronized_iterator", "MultiNodeBatchNormalization",
+    "create_synchronized_iterator", "MultiNodeBatchNormalization", "MultiNodeChainList",
     "create_multi_node_optimizer",
 ]

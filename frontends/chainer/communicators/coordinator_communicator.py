@@ -6,11 +6,14 @@ thread PyTorch and TensorFlow use: they are negotiated by name, fused, cached
 and timed like theirs. Names are stable per parameter, so a training step
 hits the response cache after its first iteration.
 
-The core has no gather, scatter or point-to-point operations, so:
-  - `gather` and `scatter` are the core's alltoall with all rows going to, or
-    coming from, the root (each byte moves once, as in MPI_Gatherv/Scatterv);
-  - `send`/`recv` and the `_obj` methods use mpi4py on a communicator this
-    object owns (a Dup of the one it was created from), never the core's.
+The core has no gather or scatter, so those are the core's alltoall with all
+rows going to, or coming from, the root (each byte moves once, as in
+MPI_Gatherv/Scatterv). `send`/`recv` are the core's point-to-point
+operations, named by tag (the core appends sender and receiver) so that they
+pair as MPI's do (in order, per tag), and negotiated like every other
+operation: the stall inspector, the liveness checks and the timeline see
+them. The `_obj` methods use mpi4py on a communicator this object owns (a
+Dup of the one it was created from), never the core's.
 
 Shapes and dtypes travel ahead of the data as small pickled messages on that
 communicator, so ranks need not know what they will receive, as in ChainerMN.
@@ -352,31 +355,61 @@ class CoordinatorCommunicator(CommunicatorBase):
         return self._by_comm_rank(out, [int(c) for c in received], metas)
 
     # ------------------------------------------------------ point to point
+    def _check_peer(self, what, peer):
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+            raise ValueError(f"{what}: rank {peer!r} is not a rank of this communicator "
+                             f"(size {self.size})")
+        if peer == self.rank:
+            raise ValueError(f"{what}: rank {peer} is this process; a rank cannot send "
+                             "to itself (it would wait for itself)")
+        return int(peer)
+
+    def _p2p_name(self, tag):
+        """The name of this communicator's messages with `tag` (the core
+        appends the global ranks of sender and receiver). A send returns only
+        once received and a recv once arrived, so between two ranks at most
+        one message per tag is in flight, and the k-th send pairs with the
+        k-th recv: messages pair in program order per tag, as MPI's do. The
+        same names every time let the core's response cache and timeline
+        treat them as it treats gradients."""
+        return f"{self._prefix}.p2p.tag{tag}"
+
     def send(self, data, dest, tag):
+        """Sends an array or a tuple of arrays to `dest`, through the core:
+        a small header (tuple or not, how many arrays), then each array;
+        returns once `dest` has received them."""
         what = "send"
         self._check_open(what)
-        arrays = [_array(x, what) for x in data] if _is_sequence(data) else [_array(data, what)]
-        header = (_is_sequence(data), [(a.shape, a.dtype) for a in arrays])
-        _wait_request(self.mpi_comm.issend(header, dest=dest, tag=tag),
-                      lambda r: r.test()[0])
-        for a in arrays:
-            a = np.ascontiguousarray(a)
-            _wait_request(self.mpi_comm.Issend([a.reshape(-1).view(np.uint8), MPI.BYTE],
-                                               dest=dest, tag=tag),
-                          lambda r: r.Test())
+        dest = self._check_peer(what, dest)
+        is_tuple = _is_sequence(data)
+        arrays = [_array(x, what) for x in data] if is_tuple else [_array(data, what)]
+        if not arrays:
+            raise ValueError("send: an empty tuple has nothing to send")
+        base = self._p2p_name(tag)
+        peer, ps = self._global[dest], self._ps
+        header = np.array([int(is_tuple), len(arrays)], np.int64)
+        handles = [hvd.send_async(header, peer, name=f"{base}.header", process_set=ps)]
+        handles += [hvd.send_async(a, peer, name=f"{base}.{i}", process_set=ps)
+                    for i, a in enumerate(arrays)]
+        for handle in handles:
+            hvd.synchronize(handle)
 
     def recv(self, source, tag):
-        self._check_open("recv")
-        _wait_request(None, lambda _: self.mpi_comm.Iprobe(source=source, tag=tag))
-        is_tuple, metas = self.mpi_comm.recv(source=source, tag=tag)
-        out = []
-        for shape, dtype in metas:
-            buf = np.empty(shape, dtype)
-            _wait_request(self.mpi_comm.Irecv([buf.reshape(-1).view(np.uint8), MPI.BYTE],
-                                              source=source, tag=tag),
-                          lambda r: r.Test())
-            out.append(buf)
-        return tuple(out) if is_tuple else out[0]
+        """Receives what `source` sent with `send` and the same tag: an array,
+        or a tuple if a tuple was sent; dtypes and shapes are the sender's."""
+        what = "recv"
+        self._check_open(what)
+        source = self._check_peer(what, source)
+        base = self._p2p_name(tag)
+        peer, ps = self._global[source], self._ps
+        # Every message holds at least one array: ask for it with the header.
+        header = hvd.recv_async(peer, name=f"{base}.header", process_set=ps)
+        handles = [hvd.recv_async(peer, name=f"{base}.0", process_set=ps)]
+        is_tuple, count = (int(v) for v in hvd.synchronize(header))
+        handles += [hvd.recv_async(peer, name=f"{base}.{i}", process_set=ps)
+                    for i in range(1, count)]
+        out = tuple(hvd.synchronize(h) for h in handles)
+        return out if is_tuple else out[0]
 
     # --------------------------------------------------------- objects
     def send_obj(self, obj, dest, tag=0):

@@ -5,7 +5,8 @@ Each rank records the value of `original_key` at every call; when
 applies `aggregator` to the list of lists (default: the mean of all the
 values), and every rank stores the result under `aggregated_key`. Values are
 gathered as Python objects because the aggregator may be any function of
-them.
+them. If the aggregator raises on rank 0, every rank raises (ChainerMN's
+other ranks waited for rank 0's summary forever).
 """
 
 import numpy as np
@@ -47,8 +48,22 @@ class ObservationAggregator(extension.Extension):
             return None
         gathered = self.comm.gather_obj(self.observation_history)
         self.observation_history = []
-        summary = self.aggregator(gathered) if self.comm.rank == 0 else None
-        return self.comm.bcast_obj(summary)
+        outcome, failure = None, None
+        if self.comm.rank == 0:
+            try:
+                outcome = ("ok", self.aggregator(gathered))
+            except Exception as exc:
+                failure = exc
+                outcome = ("error", f"{type(exc).__name__}: {exc}")
+        # Every rank learns the outcome, an error included, so no rank is
+        # left waiting for a summary that rank 0 never computed.
+        outcome = self.comm.bcast_obj(outcome)
+        if failure is not None:
+            raise failure
+        if outcome[0] == "error":
+            raise RuntimeError(f"ObservationAggregator: the aggregator of {self.original_key!r} "
+                               f"raised on rank 0: {outcome[1]}")
+        return outcome[1]
 
     def __call__(self, trainer):
         summary = self.compute_summary(trainer)

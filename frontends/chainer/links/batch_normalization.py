@@ -21,48 +21,10 @@ import numpy as np
 import chainer
 from chainer import initializers, link, variable
 from chainer.functions.normalization import batch_normalization as bn
-import coordinator as hvd
+from frontends.chainer.functions.batch_normalization import (
+    MultiNodeBNImplSelector, get_communication_backend)
 
 _instances = itertools.count()
-
-
-class _GlobalStatsImpl(bn.GeneralBatchNormalizationImpl):
-    """Chainer's CPU batch normalization, with statistics averaged over ranks."""
-
-    def __init__(self, comm, name):
-        self.comm = comm
-        self.name = name
-
-    def _mean_over_ranks(self, tmp, what):
-        return hvd.allreduce(tmp, op=hvd.Average, name=f"{self.name}.{what}",
-                             process_set=self.comm.process_set, output=tmp)
-
-    def get_mean_and_var(self, axis, gamma, x, xp, interm_dtype):
-        n = gamma.size
-        tmp = np.empty(2 * n, dtype=gamma.dtype)
-        x.mean(axis=axis, out=tmp[:n], dtype=gamma.dtype)
-        np.square(x).mean(axis=axis, out=tmp[n:], dtype=gamma.dtype)
-        self._mean_over_ranks(tmp, "stats")
-        mean = tmp[:n]
-        return mean, tmp[n:] - np.square(mean)
-
-    def get_ggamma_and_gbeta(self, axis, gamma, gy, x_hat, xp):
-        n = gamma.size
-        tmp = np.empty(2 * n, dtype=gamma.dtype)
-        gy.sum(axis=axis, out=tmp[:n], dtype=gamma.dtype)
-        (gy * x_hat).sum(axis=axis, out=tmp[n:], dtype=gamma.dtype)
-        self._mean_over_ranks(tmp, "grads")
-        return tmp[:n], tmp[n:]
-
-
-def _check_backend(communication_backend):
-    if communication_backend not in ("mpi", "nccl", "auto"):
-        raise ValueError(f"MultiNodeBatchNormalization does not support "
-                         f"{communication_backend}.")
-    if communication_backend == "nccl":
-        raise ValueError("MultiNodeBatchNormalization: communication_backend='nccl' needs "
-                         "the pure_nccl GPU communicator; the coordinator has no GPU backend "
-                         "yet (use 'mpi' or 'auto')")
 
 
 class MultiNodeBatchNormalization(link.Link):
@@ -76,7 +38,7 @@ class MultiNodeBatchNormalization(link.Link):
                  use_beta=True, initial_gamma=None, initial_beta=None,
                  communication_backend="auto"):
         super().__init__()
-        _check_backend(communication_backend)
+        self._communication_backend = get_communication_backend(comm, communication_backend)
         self._highprec_dtype = chainer.get_dtype(dtype, map_mixed16=np.float32)
         self.comm = comm
         # All ranks build their models in the same order, so this name agrees.
@@ -115,9 +77,9 @@ class MultiNodeBatchNormalization(link.Link):
             decay = 1.0 - 1.0 / self.N
         else:
             decay = self.decay
-        impl = _GlobalStatsImpl(self.comm, self._name)
+        selector = MultiNodeBNImplSelector(self.comm, self._communication_backend, self._name)
         func = bn.BatchNormalization(self.eps, self.avg_mean, self.avg_var, decay,
-                                     impl_selector=lambda f, inputs: impl)
+                                     impl_selector=selector)
         y = func.apply((x, gamma, beta))[0]
         self.avg_mean[...] = func.running_mean
         self.avg_var[...] = func.running_var
