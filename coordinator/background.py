@@ -72,6 +72,8 @@ SPIN_WAITED = 10e-3
 BACKOFF_MIN = 20e-6
 BACKOFF_MAX = 500e-6
 LIVENESS_PERIOD = 0.1
+# How often the control channel is probed while nothing streamed is expected.
+CONTROL_POLL = 500e-6
 # Once every rank is shutting down, how long operations in flight get.
 FINAL_GRACE = 1.0
 # How a negotiation cycle or round in flight is named to the watchdog.
@@ -179,6 +181,8 @@ class Background:
                        "pack_limit": cfg.pack_limit}
         self.resend = []  # entries rank 0 asked to have in full
         self._round_started = None
+        self._next_control = 0.0
+        self._streamed = 0  # this rank's streamed entries not answered yet
         self._answered = 0  # rank 0: rounds answered; a worker: what rank 0 said it answered
         self.controller = None
         self.watchdog = None
@@ -674,11 +678,27 @@ class Background:
 
     # --------------------------------------------- messages outside rounds
     def _control(self):
-        """Messages that do not wait for a round: watchdog reports and pings,
-        and shutdown."""
+        """Messages that do not wait for a round: streamed requests and
+        answers of other sets and send/recv, watchdog reports and pings, and
+        shutdown. Probing for them costs a progress pass of MPI (it was half
+        of rank 0's loop in a steady-state step), so while nothing streamed
+        is expected the channel is looked at every CONTROL_POLL seconds."""
+        now = time.monotonic()
+        if now < self._next_control and not self.stream and not self._shutdown_wanted:
+            return False
         if self.is_coordinator:
-            return self._control_coordinator()
-        return self._control_worker()
+            worked = self._control_coordinator()
+        else:
+            worked = self._control_worker()
+        expecting = worked or self._streaming()
+        self._next_control = now if expecting else now + CONTROL_POLL
+        return worked
+
+    def _streaming(self):
+        """Streamed work under way that this rank must hear about soon."""
+        if self._streamed:
+            return True
+        return self.is_coordinator and self.controller.has_stream_pending()
 
     def _control_coordinator(self):
         ctl = self.controller
@@ -730,6 +750,7 @@ class Background:
             return None
         self.resend = [e for e in self.resend if e.in_rounds]
         self.stream = []
+        self._streamed += sum(1 for e in todo if not e.rejected)
         return self._request_list(todo, 0)
 
     def _stream_out(self, now):
@@ -959,6 +980,8 @@ class Background:
 
     def _done(self, e, result=None, error=None):
         """Completes one of this rank's entries, wherever it waited."""
+        if not e.in_rounds and not e.done and self._streamed:
+            self._streamed -= 1
         if self.sent.get(e.key) is e:
             del self.sent[e.key]
         if e.cache_id:

@@ -371,6 +371,11 @@ class Controller:
                     or any(in_rounds(n.representative().op, n.process_set_id)
                            for n in self._ready))
 
+    def has_stream_pending(self):
+        """Open negotiations of other sets or send/recv (streamed)."""
+        return any(not in_rounds(n.representative().op, n.process_set_id)
+                   for n in self._pending.values())
+
     def has_global_pending(self):
         return any(in_rounds(n.representative().op, n.process_set_id)
                    for n in self._pending.values())
