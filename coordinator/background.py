@@ -281,8 +281,10 @@ class Background:
             timeout = min(BACKOFF_MIN * (1 << min(sleeps, 16)), BACKOFF_MAX)
         else:
             timeout = self.config.idle_poll_interval
-        if self._next_post > 0 and not self.cycle.in_flight and self.round is None:
-            timeout = max(0.0, min(timeout, self._next_post - time.monotonic()))
+        if not self.cycle.in_flight and self.round is None:
+            wait = self._next_post - time.monotonic()
+            if wait > 0:  # the next cycle waits out its back-off
+                timeout = min(timeout, wait)
         return timeout
 
     def _turn(self):
