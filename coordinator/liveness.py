@@ -1,18 +1,27 @@
 """Noticing that a peer process died, without asking MPI.
 
 An MPI job whose rank dies leaves the others blocked in collectives that can
-never finish. Every rank publishes (host identity, pid) at `init`; for the
-peers on the same machine this rank opens a pidfd, which becomes readable the
-moment that process exits. Checking costs one `poll` system call, so the
-background thread and any waiting frontend thread can afford it often.
-Ranks on other machines are covered by mpirun, which ends the job when a rank
-exits abnormally.
+never finish. Every rank publishes (host identity, pid, hostname) at `init`.
+
+- Peers on the same machine: this rank opens a pidfd for each, which becomes
+  readable the moment that process exits. Checking costs one `poll` system
+  call, so the background thread and any waiting frontend thread can afford
+  it often.
+- Peers on other machines (given `comm`): pids mean nothing there, so they
+  are watched over the network (network_watch.py): each rank holds an idle
+  TCP connection to a rank of every other host, which closes when that rank
+  dies and fails when its host goes silent, and the error names the host.
 """
 
+import collections
 import os
 import select
 import socket
 import threading
+
+# A dead peer: `how` says how it was noticed, where that helps ("" for a
+# pidfd: the process exited).
+Dead = collections.namedtuple("Dead", "rank pid host how")
 
 
 def host_identity():
@@ -31,13 +40,21 @@ def host_identity():
 
 
 class PeerMonitor:
-    def __init__(self, my_rank, peers):
-        """`peers`: one (identity, pid, hostname) per rank, indexed by rank."""
+    def __init__(self, my_rank, peers, comm=None):
+        """`peers`: one (identity, pid, hostname) per rank, indexed by rank.
+        With `comm` (anything with mpi4py's `allgather(obj)`, over the same
+        ranks; a collective call), peers on other machines are watched over
+        the network too; without it only mpirun notices when they die."""
         self._lock = threading.Lock()
         self._poll = select.poll() if hasattr(select, "poll") else None
-        self._fds = {}  # fd -> (rank, pid, hostname)
+        self._fds = {}  # fd -> Dead
         self.dead = []
+        self.network = None
         mine = peers[my_rank][0]
+        if comm is not None:
+            from coordinator.network_watch import NetworkWatch
+
+            self.network = NetworkWatch.start(comm, my_rank, peers)
         if self._poll is None or not hasattr(os, "pidfd_open"):
             return
         for rank, (identity, pid, hostname) in enumerate(peers):
@@ -47,15 +64,16 @@ class PeerMonitor:
                 fd = os.pidfd_open(pid)
             except OSError:
                 continue
-            self._fds[fd] = (rank, pid, hostname)
+            self._fds[fd] = Dead(rank, pid, hostname, "")
             self._poll.register(fd, select.POLLIN)
 
     def check(self):
-        """Peers found dead since the last call: a list of (rank, pid, host)."""
+        """Peers found dead since the last call: a list of Dead."""
+        found = self.network.take() if self.network is not None else []
         if not self._fds or not self._lock.acquire(blocking=False):
-            return []
+            self.dead.extend(found)
+            return found
         try:
-            found = []
             for fd, _ in self._poll.poll(0):
                 info = self._fds.pop(fd, None)
                 if info is None:
@@ -69,6 +87,8 @@ class PeerMonitor:
             self._lock.release()
 
     def close(self):
+        if self.network is not None:
+            self.network.close()
         with self._lock:
             for fd in self._fds:
                 try:
@@ -79,5 +99,12 @@ class PeerMonitor:
 
 
 def describe_dead(found):
-    parts = [f"rank {rank} (pid {pid} on {host})" for rank, pid, host in found]
+    """'rank 2 (pid 28 on hostb)', with how it was noticed where that was
+    over the network: 'rank 2 (pid 28 on hostb: the connection to host hostb
+    closed)'."""
+    parts = []
+    for item in found:
+        rank, pid, host = item[:3]
+        how = item[3] if len(item) > 3 else ""
+        parts.append(f"rank {rank} (pid {pid} on {host}{': ' + how if how else ''})")
     return ", ".join(parts)

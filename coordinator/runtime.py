@@ -62,7 +62,7 @@ class Runtime:
         peers = self.transport.allgather((host_identity(), os.getpid(), socket.gethostname()))
         self.topology = Topology.discover(self.rank, [p[2] for p in peers],
                                           self.config.local_size_override)
-        self.monitor = PeerMonitor(self.rank, peers)
+        self.monitor = PeerMonitor(self.rank, peers, comm=self.transport.base)
         self.fatal_error = None
         self.queue = TensorQueue()
         self.handles = HandleTable()
@@ -204,6 +204,10 @@ def _mpi_defaults(environ):
     """
     environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3")
+    # Hierarchical allreduce's Ireduce: libnbc's default chain advances one
+    # piece per test of the request; the binomial tree (2) took a 64 MiB
+    # hierarchical allreduce on two hosts from 2.8 s to 276 ms.
+    environ.setdefault("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2")
 
 
 def _dead_error(found):
