@@ -18,7 +18,12 @@ state, and reports medians and their ratio:
       kernels against the same call without them (NumPy fallback: reduce
       in float32), and against raw MPI_Allreduce on float16;
   (g) what the timeline costs: one step of a small CNN's 10 gradients
-      (160 k floats) with tracing on against the same step with it off.
+      (160 k floats) with tracing on against the same step with it off;
+  (h) what negotiation costs rank 0 per training step (161 one-float
+      gradients, ResNet-50's count, steady state): control messages and
+      bytes sent and received, negotiation cycles and their bytes, and the
+      background thread's CPU time. Counts, not times, are the figures to
+      compare across np (run it oversubscribed at np = 2 ... 32).
 
 On GPUs (`--gpu`, CuPy arrays; each rank on GPU local_rank % devices):
 
@@ -45,7 +50,7 @@ import time
 
 import numpy as np
 
-CASES = "abcdefg"
+CASES = "abcdefgh"
 GPU_CASES = "AB"
 
 
@@ -64,6 +69,16 @@ def resnet50_shapes():
             in_ch = out_ch
     shapes += [(1000, 2048), (1000,)]
     return shapes
+
+
+def _thread_cpu(native_id):
+    """CPU seconds a thread of this process has used (Linux), or 0."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _median_ms(samples):
@@ -251,6 +266,42 @@ class Bench:
         off_ms, on_ms = _median_ms(list(both[0])), _median_ms(list(both[1]))
         self.rows.append(("(g) small-CNN step, timeline on vs off", off_ms, on_ms, "ms",
                           on_ms / off_ms, "report"))
+
+    def case_h(self, steps=None):
+        from coordinator import runtime
+
+        hvd = self.hvd
+        bg = runtime.current().background
+        grads = [np.ones(1, np.float32) for _ in range(161)]
+
+        def step():
+            handles = [hvd.allreduce_async(g, op=hvd.Sum, name=f"bench.h.{i}")
+                       for i, g in enumerate(grads)]
+            for h in handles:
+                hvd.synchronize(h)
+
+        for _ in range(3):
+            step()
+        self._sync()
+        steps = steps or max(20, self.repeats)
+        counts0 = dict(bg.channel.counts)
+        cycles0, cbytes0 = bg.cycle.cycles, bg.cycle.bytes
+        cpu0 = _thread_cpu(bg.thread.native_id)
+        for _ in range(steps):
+            step()
+        cpu = (_thread_cpu(bg.thread.native_id) - cpu0) / steps * 1e3
+        msgs = sum(bg.channel.counts[k] - counts0[k] for k in ("sent", "received")) / steps
+        nbytes = sum(bg.channel.counts[k] - counts0[k]
+                     for k in ("sent_bytes", "received_bytes")) / steps
+        cycles = (bg.cycle.cycles - cycles0) / steps
+        cbytes = (bg.cycle.bytes - cbytes0) / steps
+        self.rows.append(("(h) rank 0 control messages per step", 0, msgs, "msgs", None,
+                          "flat in np"))
+        self.rows.append(("(h) rank 0 control bytes per step", 0, nbytes, "bytes", None,
+                          "flat in np"))
+        self.rows.append(("(h) negotiation cycles per step", 0, cycles, "cycles", None, ""))
+        self.rows.append(("(h) cycle bytes sent per step", 0, cbytes, "bytes", None, ""))
+        self.rows.append(("(h) background thread CPU per step", 0, cpu, "ms", None, ""))
 
     def report(self):
         if self.rank != 0:

@@ -102,6 +102,47 @@ def markdown(size_bytes, local_size, ranks=(16, 64, 256, 1024, 4096), gbits=(1, 
     return "\n".join(lines)
 
 
+# Negotiation per training step (steady state: every tensor cached), from
+# figures measured on this machine (README, Negotiation at scale):
+# the streamed protocol had rank 0 parse and decide one cached request per
+# rank and tensor, 2.09 us each (tests: Controller.submit of RequestLists of
+# 161 cache ids at N = 8), and send N - 1 answers; the cycle protocol posts
+# about 2 cycles a step, each an allreduce of 152 bytes, and plans the ready
+# tensors once (0.074 ms for 161).
+REQUEST_COST = 2.09e-6
+SEND_COST = 5e-6
+CYCLES_PER_STEP = 2.0
+CYCLE_BYTES = 152
+PLAN_COST = 0.074e-3
+
+
+def streamed_negotiation(P, tensors, alpha=ALPHA_INTER):
+    """Seconds rank 0 needs per step with one request list per rank: serial
+    on rank 0, so it grows with P."""
+    return 2 * alpha + P * tensors * REQUEST_COST + (P - 1) * SEND_COST
+
+
+def cycle_negotiation(P, tensors, alpha=ALPHA_INTER, beta=25 * GBIT):
+    """Seconds per step with negotiation cycles: recursive-doubling
+    allreduces of a small vector, log2(P) rounds each; the same on every
+    rank, none of it grows with P beyond the log."""
+    rounds = math.ceil(math.log2(P)) if P > 1 else 0
+    per_cycle = rounds * (alpha + CYCLE_BYTES / beta)
+    return CYCLES_PER_STEP * per_cycle + PLAN_COST * tensors / 161
+
+
+def negotiation_markdown(tensors=161, ranks=(2, 64, 1024, 4096), gbits=(10, 100)):
+    lines = [f"Negotiation per step of {tensors} cached tensors (ResNet-50), ms: "
+             "one request list per rank / negotiation cycles", "",
+             "| ranks | " + " | ".join(f"{g} Gbit/s" for g in gbits) + " |",
+             "|---:|" + "---|" * len(gbits)]
+    for P in ranks:
+        cells = [f"{streamed_negotiation(P, tensors) * 1e3:.2f} / "
+                 f"{cycle_negotiation(P, tensors, beta=g * GBIT) * 1e3:.3f}" for g in gbits]
+        lines.append(f"| {P} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=float, default=100.0,
@@ -111,6 +152,7 @@ def main(argv=None):
     for size in (args.size_mb * 1e6, 1e6 / 16):
         print(markdown(size, args.local_size))
         print()
+    print(negotiation_markdown())
     return 0
 
 

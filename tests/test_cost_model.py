@@ -32,3 +32,13 @@ def test_times_grow_with_size_and_shrink_with_bandwidth():
     for fn in (ring_time, hierarchical_time, torus_time):
         assert fn(256, 8, 2e6, 10 * GBIT) > fn(256, 8, 1e6, 10 * GBIT)
         assert fn(256, 8, 1e6, 100 * GBIT) < fn(256, 8, 1e6, 10 * GBIT)
+
+
+def test_cycle_negotiation_stays_flat_where_request_lists_grow_with_the_ranks():
+    from coordinator import cost_model as cm
+
+    streamed = [cm.streamed_negotiation(p, 161) for p in (64, 1024, 4096)]
+    cycles = [cm.cycle_negotiation(p, 161) for p in (64, 1024, 4096)]
+    assert streamed[2] / streamed[0] > 50  # linear in the ranks
+    assert cycles[2] / cycles[0] < 1.5  # only the log grows
+    assert all(c < s / 10 for c, s in zip(cycles, streamed))
