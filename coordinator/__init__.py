@@ -42,5 +42,17 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "HorovodInternalError", "NotInitializedError", "RankFailedError", "ShutdownError",
-    "StallError", "TensorMismatchError",
+    "StallError", "TensorMismatchError", "run",
 ]
+
+
+def __getattr__(name):
+    """`coordinator.run(fn, args=(), kwargs={}, np=...)` is horovod.run: the
+    module coordrun lives in is callable for that (coordinator/run.py). It
+    is imported on first use, so `python -m coordinator.run` finds it
+    unimported."""
+    if name == "run":
+        import importlib
+
+        return importlib.import_module("coordinator.run")
+    raise AttributeError(f"module 'coordinator' has no attribute {name!r}")

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import types
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from coordinator.launcher_watch import EXIT_WITH_LAUNCHER
@@ -174,9 +175,69 @@ def make_parser() -> argparse.ArgumentParser:
                    help="print the mpirun command line to stderr")
     p.add_argument("--check-build", action="store_true",
                    help="show which frameworks and MPI features are available, then exit")
+    _add_elastic_flags(p)
+    _add_horovodrun_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the program and its arguments")
     return p
+
+
+def _add_elastic_flags(p):
+    g = p.add_argument_group(
+        "elastic training",
+        "--min-np or --host-discovery-script makes the job elastic: it goes on when "
+        "workers are lost and grows when hosts appear (README: Elastic training)")
+    g.add_argument("--min-np", "--min-num-proc", dest="min_np", type=_checked(int, 1),
+                   metavar="N", help="fewest workers the job runs with (default: -np)")
+    g.add_argument("--max-np", "--max-num-proc", dest="max_np", type=_checked(int, 1),
+                   metavar="N", help="most workers the job grows to (default: no limit)")
+    g.add_argument("--slots-per-host", "--slots", dest="slots", type=_checked(int, 1),
+                   metavar="N", help="slots of a discovered host that prints no :slots")
+    g.add_argument("--host-discovery-script", metavar="SCRIPT",
+                   help="prints the available hosts, one 'host' or 'host:slots' per line; "
+                        "polled every second")
+    g.add_argument("--elastic-timeout", type=_checked(float, 0.0), metavar="S",
+                   help="how long to wait for --min-np workers (default: "
+                        "$HOROVOD_ELASTIC_TIMEOUT or 600)")
+    g.add_argument("--reset-limit", type=_checked(int, 0), metavar="N",
+                   help="stop the job after this many re-formings (default: no limit)")
+    g.add_argument("--blacklist-cooldown-range", dest="cooldown_range", nargs=2,
+                   type=_checked(int, 0), metavar=("LOW", "HIGH"),
+                   help="seconds a failing host stays blacklisted (doubling per "
+                        "failure, between LOW and HIGH; default: for good)")
+
+
+def _add_horovodrun_flags(p):
+    g = p.add_argument_group("more horovodrun flags")
+    g.add_argument("--start-timeout", type=_checked(float, 1.0), metavar="S",
+                   help="how long the workers have to start and check in with an "
+                        "elastic job's driver (default: $HOROVOD_START_TIMEOUT or 30)")
+    g.add_argument("--output-filename", metavar="DIR",
+                   help="write each rank's output to DIR/<job>/rank.N/stdout and stderr")
+    g.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
+                   dest="prefix_output_with_timestamp", action="store_true",
+                   help="prefix every line of output with the time")
+    g.add_argument("--network-interface", "--network-interfaces", "--nics", dest="nics",
+                   action="append", default=[], metavar="NIC[,NIC]",
+                   help="network interfaces the ranks (and the driver) use")
+    g.add_argument("-p", "--ssh-port", type=_checked(int, 1), metavar="PORT",
+                   help="ssh port of every host")
+    g.add_argument("-i", "--ssh-identity-file", metavar="FILE",
+                   help="ssh identity (private key) file")
+    g.add_argument("--tcp", dest="tcp_flag", action="store_true",
+                   help="move data over TCP only")
+    g.add_argument("--binding-args", metavar="ARGS",
+                   help="process binding arguments for mpirun (default: --bind-to none)")
+    g.add_argument("--num-nccl-streams", type=_checked(int, 0), metavar="N",
+                   help="NCCL streams per device (HOROVOD_NUM_NCCL_STREAMS)")
+    g.add_argument("--config-file", metavar="PATH",
+                   help="horovodrun's YAML configuration; flags given on the command "
+                        "line win")
+    controller = g.add_mutually_exclusive_group()
+    controller.add_argument("--mpi", dest="use_mpi", action="store_true",
+                            help="run over MPI (always the case)")
+    controller.add_argument("--gloo", dest="use_gloo", action="store_true",
+                            help=argparse.SUPPRESS)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -185,6 +246,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
+    if args.use_gloo:
+        parser.error("--gloo: this coordinator runs over MPI (and NCCL where there are "
+                     "GPUs), not Gloo; drop --gloo (or write --mpi)")
+    if args.config_file is not None:
+        from coordinator import run_config
+
+        try:
+            run_config.apply(args, run_config.load(args.config_file),
+                             explicit=_given(argv))
+        except ValueError as exc:
+            parser.error(str(exc))
+    args.nics = [n for item in args.nics for n in item.split(",") if n]
     args.host_slots = args.hosts
     if args.hostfile is not None:
         try:
@@ -203,6 +276,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         name = item.partition("=")[0]
         if not name.isidentifier():
             parser.error(f"-x {item!r}: {name!r} is not a variable name")
+    if is_elastic(args):
+        _check_elastic(parser, args)
+        return args
     if args.host_slots is None:
         if args.np is None:
             parser.error("-np is required when no -H/--hostfile is given")
@@ -214,6 +290,44 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             parser.error(f"-np {args.np} asks for more ranks than the hosts have slots "
                          f"({total}); add slots or lower -np")
     return args
+
+
+def _given(argv):
+    """The destinations of the flags given on the command line (a second
+    parse in which nothing has a default)."""
+    parser = make_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def is_elastic(args) -> bool:
+    """horovodrun's rule: a discovery script or --min-np makes a job elastic."""
+    return args.host_discovery_script is not None or args.min_np is not None
+
+
+def _check_elastic(parser, args):
+    if args.host_discovery_script is None and args.host_slots is None:
+        parser.error("an elastic job (--min-np) needs --host-discovery-script or "
+                     "-H/--hostfile to know its hosts")
+    if args.host_discovery_script is not None and args.host_slots is not None:
+        parser.error("--host-discovery-script names the hosts; drop -H/--hostfile")
+    if args.np is None and args.min_np is None:
+        parser.error("an elastic job needs -np or --min-np")
+    args.min_np = args.min_np or args.np
+    if args.np is None:
+        args.np = args.min_np
+    if args.np < args.min_np:
+        parser.error(f"-np {args.np} is below --min-np {args.min_np}")
+    if args.max_np is not None and args.max_np < args.np:
+        parser.error(f"--max-np {args.max_np} is below -np/--min-np {args.np}")
+    if args.cooldown_range is not None:
+        from coordinator.elastic.hosts import validate_cooldown_range
+
+        try:
+            validate_cooldown_range(args.cooldown_range)
+        except ValueError as exc:
+            parser.error(str(exc))
 
 
 # ---------------------------------------------------------- command building
@@ -254,20 +368,48 @@ def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
         env["HOROVOD_AUTOTUNE"] = "1"
     if args.autotune_log_file is not None:
         env["HOROVOD_AUTOTUNE_LOG"] = args.autotune_log_file
+    if getattr(args, "num_nccl_streams", None) is not None:
+        env["HOROVOD_NUM_NCCL_STREAMS"] = str(args.num_nccl_streams)
+    if getattr(args, "start_timeout", None) is not None:
+        env["HOROVOD_START_TIMEOUT"] = _number(args.start_timeout)
+    if getattr(args, "tcp_flag", False):
+        env["NCCL_IB_DISABLE"] = "1"
+    if getattr(args, "nics", None):
+        env["NCCL_SOCKET_IFNAME"] = ",".join(args.nics)
     return env
 
 
 YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"
+EXPORTED_NAMES = "COORDINATOR_EXPORTED"
 # With no hosts given, the ranks talk through shared memory; without TCP they
 # open no listening socket (with it, each rank listened on 0.0.0.0 and ::).
 SINGLE_HOST_BTL = ("OMPI_MCA_btl", "^tcp")
 
 
+@dataclasses.dataclass(frozen=True)
+class DriverJob:
+    """A job launched beside a driver (elastic, or coordinator.run):
+    where its first ranks go and what they must be told."""
+
+    hosts: Sequence[Tuple[str, int]]  # (host, ranks), in rank order
+    exports: Mapping[str, str]  # the driver's address, the job's secret, ...
+    command: Sequence[str]
+    elastic: bool = True  # run under ULFM (mpirun --with-ft ulfm)
+    local: bool = True  # every host is this machine
+    # Hosts that get no rank at the start but may later: PRRTE starts its
+    # daemon there at once. (Adding a daemon later, with PMIX_ADD_HOST,
+    # works until a rank has failed; after that PRRTE 3.0.14 fails with
+    # "NO PATH TO TARGET", measured on network-namespace hosts.)
+    spare_hosts: Sequence[Tuple[str, int]] = ()
+
+
 def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping[str, str],
-                  euid: Optional[int] = None) -> Tuple[List[str], Dict[str, str]]:
+                  euid: Optional[int] = None,
+                  job: Optional[DriverJob] = None) -> Tuple[List[str], Dict[str, str]]:
     """The mpirun argv and its environment. Pure: reads only its arguments.
 
-    `args` comes from parse_args(); `euid` defaults to os.geteuid().
+    `args` comes from parse_args(); `euid` defaults to os.geteuid(); `job`
+    describes a launch beside a driver (elastic mode, coordinator.run).
     Raises ValueError when `-x VAR` names a variable that is not set.
     """
     env = dict(environ)
@@ -284,6 +426,9 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
     for name in ("PYTHONPATH", "PATH"):
         if name in env:
             exported.setdefault(name, env[name])
+    if job is not None:
+        env.update(job.exports)
+        exported.update(job.exports)
 
     def default(name, value):
         """Exports `name`=`value` to the ranks unless the caller chose a value."""
@@ -292,20 +437,41 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
             exported[name] = env[name]
 
     default(EXIT_WITH_LAUNCHER, "1")
+    if job is not None and job.elastic and launcher.flavor != OPEN_MPI:
+        raise ValueError(f"elastic training needs Open MPI's mpirun (ULFM and dynamic "
+                         f"processes); {launcher.path} is {launcher.flavor}")
 
-    argv = [launcher.path, "-np", str(args.np)]
+    np_ = sum(n for _, n in job.hosts) if job is not None else args.np
+    argv = [launcher.path]
+    if job is not None and job.elastic:
+        argv += ["--with-ft", "ulfm"]
+    argv += ["-np", str(np_)]
     if launcher.flavor == OPEN_MPI:
-        argv += ["--bind-to", "none", "--map-by", "slot"]
-        if args.hostfile is not None:
-            argv += ["--hostfile", args.hostfile]
+        argv += _binding(args)
+        if job is not None:
+            # Spawned ranks are placed by the driver, which knows the slots.
+            argv += ["--map-by", "slot:OVERSUBSCRIBE",
+                     "--host", ",".join(f"{h}:{n}" for h, n in
+                                        list(job.hosts) + list(job.spare_hosts))]
+        elif args.hostfile is not None:
+            argv += ["--map-by", "slot", "--hostfile", args.hostfile]
         elif args.host_slots is not None:
-            argv += ["--host", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
+            argv += ["--map-by", "slot",
+                     "--host", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
         else:
-            argv += ["--oversubscribe"]
-            default(*SINGLE_HOST_BTL)
+            argv += ["--map-by", "slot", "--oversubscribe"]
+        local = job.local if job is not None else (
+            args.hostfile is None and args.host_slots is None)
+        _transports(args, job, local, default)
+        argv += _open_mpi_io_and_ssh(args)
         # Open MPI's blocking calls spin; a rank that waits for a peer to
         # enter a collective should yield its core to the training threads.
         default(YIELD_WHEN_IDLE, "1")
+        if job is not None and job.elastic:
+            # Ranks spawned later on another host do not inherit what -x
+            # exported: the ranks pass these on when they spawn them.
+            names = sorted(set(exported) | {EXPORTED_NAMES})
+            exported[EXPORTED_NAMES] = env[EXPORTED_NAMES] = ",".join(names)
         for name in exported:
             argv += ["-x", name]
         if (os.geteuid() if euid is None else euid) == 0:
@@ -313,13 +479,82 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
             env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     else:
         # Hydra's -f wants host:N lines, so a hostfile is passed as -hosts too.
-        if args.host_slots is not None:
-            argv += ["-hosts", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
+        hosts = job.hosts if job is not None else args.host_slots
+        if hosts is not None:
+            argv += ["-hosts", ",".join(f"{h}:{s}" for h, s in hosts)]
+        argv += _hydra_flags(args)
         for name, value in exported.items():
             argv += ["-genv", name, value]
     argv += shlex.split(args.mpi_args)
-    argv += args.command
+    argv += list(job.command) if job is not None else args.command
     return argv, env
+
+
+def _binding(args):
+    if getattr(args, "binding_args", None):
+        return shlex.split(args.binding_args)
+    return ["--bind-to", "none"]
+
+
+def _transports(args, job, local, default):
+    """Which transports the ranks use (Open MPI)."""
+    nics = getattr(args, "nics", None) or []
+    if getattr(args, "tcp_flag", False):
+        default("OMPI_MCA_btl", "self,tcp")
+        default("OMPI_MCA_pml", "ob1")
+    if nics:
+        default("OMPI_MCA_btl_tcp_if_include", ",".join(nics))
+    if job is not None and job.elastic:
+        # Spawned ranks reach the others over TCP (shared memory does not
+        # span jobs); on one machine it stays on loopback.
+        if local and not nics:
+            default("OMPI_MCA_btl_tcp_if_include", "lo")
+    elif local and not getattr(args, "tcp_flag", False):
+        default(*SINGLE_HOST_BTL)
+
+
+def _open_mpi_io_and_ssh(args):
+    argv = []
+    output = []
+    if getattr(args, "output_filename", None):
+        output.append(f"dir={os.path.abspath(args.output_filename)}")
+    if getattr(args, "prefix_output_with_timestamp", False):
+        output.append("timestamp")
+    if output:
+        argv += ["--output", ",".join(output)]
+    ssh = []
+    if getattr(args, "ssh_port", None):
+        ssh += ["-p", str(args.ssh_port)]
+    if getattr(args, "ssh_identity_file", None):
+        ssh += ["-i", args.ssh_identity_file]
+    if ssh:
+        argv += ["--prtemca", "plm_ssh_args", " ".join(shlex.quote(a) for a in ssh)]
+    nics = [n for n in getattr(args, "nics", None) or [] if n != "lo"]
+    if nics:
+        # PRRTE leaves loopback out of its interfaces, so `lo` is not passed.
+        argv += ["--prtemca", "oob_tcp_if_include", ",".join(nics)]
+    return argv
+
+
+def _hydra_flags(args):
+    argv = []
+    if getattr(args, "output_filename", None):
+        base = os.path.abspath(args.output_filename)
+        argv += ["-outfile-pattern", os.path.join(base, "rank.%r", "stdout"),
+                 "-errfile-pattern", os.path.join(base, "rank.%r", "stderr")]
+    nics = getattr(args, "nics", None) or []
+    if nics:
+        argv += ["-iface", nics[0]]
+    ssh = []
+    if getattr(args, "ssh_port", None):
+        ssh += ["-p", str(args.ssh_port)]
+    if getattr(args, "ssh_identity_file", None):
+        ssh += ["-i", args.ssh_identity_file]
+    if ssh:
+        argv += ["-bootstrap-exec-args", " ".join(ssh)]
+    if getattr(args, "binding_args", None):
+        argv += shlex.split(args.binding_args)
+    return argv
 
 
 # ---------------------------------------------------------------- discovery
@@ -484,7 +719,7 @@ def _die_with_this_process(signum):
     return preexec
 
 
-def run_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
+def run_launcher(argv: Sequence[str], env: Mapping[str, str], on_start=None) -> int:
     """Runs mpirun, forwarding SIGINT/SIGTERM; returns its exit status
     (128 + N if it was killed by signal N).
 
@@ -496,6 +731,8 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
     """
     proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
                             preexec_fn=_die_with_this_process(signal.SIGTERM))
+    if on_start is not None:
+        on_start(proc)
 
     def forward(signum, _frame):
         if proc.poll() is None:
@@ -512,6 +749,14 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
     return 128 - status if status < 0 else status
 
 
+def print_command(argv, env, hide=()):
+    """--verbose: the variables coordrun changed and the mpirun command line
+    (secrets shown as ***)."""
+    changed = [f"{k}={'***' if k in hide else shlex.quote(v)}" for k, v in env.items()
+               if os.environ.get(k) != v]
+    print("coordrun: " + " ".join(changed + [shlex.quote(a) for a in argv]), file=sys.stderr)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.check_build:
@@ -519,6 +764,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     try:
         launcher = find_launcher()
+        if is_elastic(args):
+            from coordinator.elastic.launch import run_elastic
+
+            return run_elastic(args, launcher, os.environ)
         command, env = build_command(args, launcher, os.environ)
     except LauncherNotFound as exc:
         print(exc, file=sys.stderr)
@@ -527,9 +776,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"coordrun: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     if args.verbose:
-        changed = [f"{k}={shlex.quote(v)}" for k, v in env.items() if os.environ.get(k) != v]
-        print("coordrun: " + " ".join(changed + [shlex.quote(a) for a in command]),
-              file=sys.stderr)
+        print_command(command, env)
     try:
         status = run_launcher(command, env)
     except OSError as exc:
@@ -540,6 +787,97 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"coordrun: the job failed ({os.path.basename(launcher.path)} exited with "
               f"status {status})", file=sys.stderr)
     return status
+
+
+# ----------------------------------------------------------- coordinator.run
+
+def run_function(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
+                 max_num_proc=None, slots=None, reset_limit=None, cooldown_range=None,
+                 hosts=None, hostfile=None, start_timeout=None, ssh_port=None,
+                 ssh_identity_file=None, disable_cache=None, output_filename=None,
+                 verbose=None, use_gloo=None, use_mpi=None, mpi_args=None,
+                 network_interface=None, executable=None, np=None, min_np=None, max_np=None):
+    """Runs `func(*args, **kwargs)` on every rank of a new job and returns
+    the list of their results, by rank (horovod.run). The job is started as
+    coordrun would start it with the matching flags (np/num_proc, hosts,
+    min_num_proc... make it elastic); `func` travels pickled (cloudpickle),
+    so it may be defined in a notebook. A rank that raises makes this raise
+    RuntimeError with that rank's traceback."""
+    num_proc = num_proc or np
+    min_num_proc = min_num_proc or min_np
+    max_num_proc = max_num_proc or max_np
+    if hosts is not None and hostfile is not None:
+        raise ValueError("give hosts or hostfile, not both")
+    if use_gloo:
+        raise ValueError("use_gloo: this coordinator runs over MPI (and NCCL), not Gloo")
+    if num_proc is None and hosts is None and hostfile is None:
+        num_proc = 1
+    argv = []
+    for flag, value in (("-np", num_proc), ("--min-np", min_num_proc),
+                        ("--max-np", max_num_proc), ("--slots-per-host", slots),
+                        ("--reset-limit", reset_limit), ("-H", hosts),
+                        ("--hostfile", hostfile), ("--start-timeout", start_timeout),
+                        ("--ssh-port", ssh_port), ("--ssh-identity-file", ssh_identity_file),
+                        ("--output-filename", output_filename),
+                        ("--network-interface", network_interface)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if cooldown_range is not None:
+        argv += ["--blacklist-cooldown-range"] + [str(v) for v in cooldown_range]
+    if disable_cache:
+        argv.append("--disable-cache")
+    if verbose:
+        argv.append("--verbose")
+    if mpi_args:
+        argv.append(f"--mpi-args={mpi_args}")
+    argv += ["--", executable or sys.executable, "-m", "coordinator.run_task"]
+    parsed = parse_args(argv)
+    return _run_function(func, args, kwargs or {}, parsed)
+
+
+def _run_function(func, args, kwargs, parsed):
+    from coordinator.elastic.launch import launch, make_driver
+
+    try:
+        import cloudpickle as pickler
+    except ImportError:  # pragma: no cover
+        import pickle as pickler
+
+    elastic = is_elastic(parsed)
+    if not elastic:
+        parsed.min_np = parsed.np
+    driver = make_driver(parsed, parsed.command, elastic=elastic)
+
+    def task():
+        return func(*args, **kwargs)
+
+    driver.task = pickler.dumps(task)
+    status, message = launch(parsed, find_launcher(), os.environ, driver, parsed.command,
+                             elastic=elastic)
+    outcomes = driver.final_outcomes()
+    size = len(driver.worlds.get(driver.generation, ()))
+    failed = {r: o.error for r, o in outcomes.items() if o.exit_code != 0}
+    missing = [r for r in range(size) if r not in outcomes]
+    if failed or missing or status != 0:
+        lines = [f"coordinator.run: the job failed (status {status})"]
+        if message:
+            lines.append(message)
+        lines += [f"rank {r} raised:\n{err}" for r, err in sorted(failed.items())]
+        if missing:
+            lines.append(f"no result from ranks {missing}")
+        raise RuntimeError("\n".join(lines))
+    return [pickler.loads(outcomes[r].result) for r in range(size)]
+
+
+class _CallableModule(types.ModuleType):
+    """`coordinator.run(fn, ...)` is horovod.run, while `coordinator.run`
+    stays the module coordrun lives in (python -m coordinator.run)."""
+
+    def __call__(self, func, *args, **kwargs):
+        return run_function(func, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 if __name__ == "__main__":

@@ -30,6 +30,34 @@ def test_generated_module_matches_the_proto_file():
     assert generated == fresh, "coordinator/_wire is stale: run `pip install -e .`"
 
 
+def test_generated_driver_service_matches_its_proto_file():
+    from coordinator._wire import driver_pb2, driver_pb2_grpc
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "set.pb")
+        # As setup.py compiles it: under its package path, so the service
+        # module imports its messages from coordinator._wire.
+        subprocess.run([sys.executable, "-m", "grpc_tools.protoc",
+                        f"-Icoordinator/_wire={ROOT}/proto", f"--descriptor_set_out={out}",
+                        f"{ROOT}/proto/driver.proto"], check=True)
+        fds = descriptor_pb2.FileDescriptorSet()
+        with open(out, "rb") as f:
+            fds.ParseFromString(f.read())
+    fresh = fds.file[0]
+    for message in fresh.message_type:
+        for field in message.field:
+            field.ClearField("json_name")
+    generated = descriptor_pb2.FileDescriptorProto()
+    driver_pb2.DESCRIPTOR.CopyToProto(generated)
+    assert generated == fresh, "coordinator/_wire is stale: run `pip install -e .`"
+    service = driver_pb2.DESCRIPTOR.services_by_name["ElasticDriver"]
+    for method in service.methods:
+        assert hasattr(driver_pb2_grpc.ElasticDriverServicer, method.name)
+    with open(driver_pb2_grpc.__file__) as f:
+        text = f.read()
+    assert "from coordinator._wire import driver_pb2" in text
+
+
 def test_generated_code_is_marked_as_generated():
     with open(pb.__file__) as f:
         head = f.read(300)
@@ -65,4 +93,5 @@ def test_a_wheel_built_from_a_fresh_checkout_carries_the_generated_code(tmp_path
     (wheel,) = wheels.glob("coordinator-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"coordinator/_wire/__init__.py", "coordinator/_wire/coordinator_pb2.py",
+            "coordinator/_wire/driver_pb2.py", "coordinator/_wire/driver_pb2_grpc.py",
             "coordinator/wire.py", "frontends/torch/__init__.py"} <= names

@@ -39,6 +39,7 @@ from frontends.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Su
                                           size_op)
 from frontends.tensorflow.sync_batch_norm import SyncBatchNormalization
 from frontends.tensorflow import errors as _errors
+from frontends.tensorflow import elastic  # hvd.elastic.run, as in Horovod
 
 # Mismatches inside a tf.function raise FailedPreconditionError, as Horovod's
 # compiled ops do (errors.py says how).

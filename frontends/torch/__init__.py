@@ -31,6 +31,7 @@ from frontends.torch.functions import (allgather_object, broadcast_object,
                                        broadcast_optimizer_state, broadcast_parameters)
 from frontends.torch.optimizer import DistributedOptimizer
 from frontends.torch.sync_batch_norm import SyncBatchNorm
+from frontends.torch import elastic  # noqa: E402  (hvd.elastic.run, as in Horovod)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank",

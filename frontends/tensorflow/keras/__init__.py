@@ -26,10 +26,10 @@ from frontends.tensorflow.basics import (ccl_built, cross_rank, cross_size, cuda
                                          nccl_built, rank, rocm_built, shutdown, size,
                                          start_timeline, stop_timeline)
 from frontends.tensorflow.compression import Compression
-from frontends.tensorflow.keras import callbacks
-from frontends.tensorflow.keras.optimizer import DistributedOptimizer
+from frontends.tensorflow.keras import callbacks, elastic
+from frontends.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from frontends.tensorflow.keras.saving import load_model
-from frontends.tensorflow.mpi_ops import Average, Sum
+from frontends.tensorflow.mpi_ops import Adasum, Average, Sum
 from frontends.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 
@@ -73,7 +73,7 @@ __all__ = [
     "mpi_enabled", "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built",
     "cuda_built", "rocm_built", "start_timeline", "stop_timeline", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set", "Average", "Sum",
-    "Compression", "DistributedOptimizer", "broadcast_global_variables", "allreduce",
-    "allgather", "broadcast", "reducescatter", "load_model", "callbacks",
-    "SyncBatchNormalization",
+    "Adasum", "Compression", "DistributedOptimizer", "PartialDistributedOptimizer",
+    "broadcast_global_variables", "allreduce", "allgather", "broadcast", "reducescatter",
+    "load_model", "callbacks", "elastic", "SyncBatchNormalization",
 ]

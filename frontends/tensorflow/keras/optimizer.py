@@ -22,7 +22,7 @@ import tensorflow as tf
 from coordinator.process_sets import global_process_set
 from frontends.tensorflow import gradients
 from frontends.tensorflow.compression import Compression
-from frontends.tensorflow.mpi_ops import Average, Sum
+from frontends.tensorflow.mpi_ops import Adasum, Average, Sum
 
 _CLASSES = {}
 
@@ -137,8 +137,10 @@ def _distributed_class(cls):
 def _settings(cls, name, compression, sparse_as_dense, gradient_predivide_factor, op,
               backward_passes_per_step, average_aggregated_gradients, num_groups, groups,
               process_set, scale_local_gradients):
-    if op not in (Average, Sum):
-        raise ValueError("op currently only supports Average and Sum")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError("op currently only supports Average, Sum and Adasum")
+    if op == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be > 0")
     groups = gradients.check_groups(groups, num_groups)
@@ -175,6 +177,34 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     distributed = _distributed_class(cls).from_config(optimizer.get_config())
     distributed._hvd = settings
     distributed.process_set = process_set
+    return distributed
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                num_groups=0, groups=None, process_set=global_process_set,
+                                scale_local_gradients=True, local_layers=None):
+    """A DistributedOptimizer that leaves the gradients of `local_layers`
+    (a Keras layer or a list of them) unreduced on each rank, for models
+    that are partly model-parallel; the other arguments are
+    DistributedOptimizer's."""
+    import keras
+
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    distributed = DistributedOptimizer(
+        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+        gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
+        num_groups, groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            distributed.register_local_var(var)
     return distributed
 
 

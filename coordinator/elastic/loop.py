@@ -1,0 +1,81 @@
+"""The `run` decorator: the elastic training loop (Horovod's run_fn).
+
+    @elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            ...
+            state.commit()
+
+    train(state)
+
+It syncs the state from rank 0 and calls the function. When a worker is
+lost (any HorovodInternalError: a collective failed), it restores the last
+commit; when the hosts changed (HostsUpdatedInterrupt), it keeps the state
+as it is. Either way it then re-forms the job (`reset`: shut the coordinator
+down, re-form the membership, initialise again), syncs the state from the
+new rank 0 (unless only hosts were removed), calls the reset callbacks and
+calls the function again.
+
+Outside an elastic job (no coordrun --min-np/--host-discovery-script) a
+failure cannot be repaired: the error propagates.
+"""
+
+import functools
+
+from coordinator.elastic import membership, worker
+from coordinator.elastic.state import HostsUpdatedInterrupt
+from coordinator.errors import HorovodInternalError
+
+notification_manager = worker.notification_manager
+
+
+def make_reset(shutdown, init):
+    """A reset for a frontend: its shutdown, the membership's re-forming,
+    its init (which picks up the new communicator)."""
+
+    def reset():
+        shutdown()
+        membership.current().reform()
+        init()
+
+    return reset
+
+
+def run_fn(func, reset):
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        notification_manager.init()
+        notification_manager.register_listener(state)
+        elastic = membership.current() is not None
+        skip_sync = False
+        try:
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    result = func(state, *args, **kwargs)
+                    finish = getattr(state, "finish_pending", None)
+                    if finish is not None:
+                        finish()
+                    return result
+                except HorovodInternalError:
+                    if not elastic:
+                        raise
+                    state.restore()
+                    skip_sync = False
+                except HostsUpdatedInterrupt as e:
+                    skip_sync = e.skip_sync
+                reset()
+                state.on_reset()
+        finally:
+            notification_manager.remove_listener(state)
+
+    return wrapper
+
+
+def run(func):
+    """The elastic training loop for the core API (NumPy); see the module
+    docstring. `func(state, ...)` must not start with a collective."""
+    from coordinator import basics
+
+    return run_fn(func, make_reset(basics.shutdown, basics.init))

@@ -1,0 +1,174 @@
+"""horovodrun's --config-file: a YAML file of settings, by section.
+
+    params:            {fusion_threshold_mb, cycle_time_ms, cache_capacity,
+                        hierarchical_allreduce}
+    autotune:          {enabled, log_file}
+    timeline:          {filename, mark_cycles}
+    stall_check:       {enabled, warning_time_seconds, shutdown_time_seconds}
+    library_options:   {num_nccl_streams}
+    logging:           {level}
+    controller:        mpi  (gloo is refused)
+
+Flags given on the command line win over the file. Keys horovodrun knows
+that have no meaning here (hierarchical_allgather, mpi_threads_disable,
+ccl_bgt_affinity, gloo_timeout_seconds, the autotune tuning knobs,
+logging.with_timestamp) are accepted and ignored; unknown keys are errors.
+The file is read with PyYAML when it is installed, otherwise with a small
+reader for the nested mappings of scalars such files hold.
+"""
+
+import math
+
+# section -> {key: (args attribute, kind)}
+SECTIONS = {
+    "params": {
+        "fusion_threshold_mb": ("fusion_threshold_mb", float),
+        "cycle_time_ms": ("cycle_time_ms", float),
+        "cache_capacity": ("cache_capacity", int),
+        "hierarchical_allreduce": ("hierarchical_allreduce", bool),
+        "hierarchical_allgather": (None, bool),
+    },
+    "autotune": {
+        "enabled": ("autotune", bool),
+        "log_file": ("autotune_log_file", str),
+        "warmup_samples": (None, int),
+        "steps_per_sample": (None, int),
+        "bayes_opt_max_samples": (None, int),
+        "gaussian_process_noise": (None, float),
+    },
+    "timeline": {
+        "filename": ("timeline_filename", str),
+        "mark_cycles": ("timeline_mark_cycles", bool),
+    },
+    "stall_check": {
+        "enabled": ("no_stall_check", "not-bool"),
+        "warning_time_seconds": ("stall_check_warning_time_seconds", float),
+        "shutdown_time_seconds": ("stall_check_shutdown_time_seconds", float),
+    },
+    "library_options": {
+        "num_nccl_streams": ("num_nccl_streams", int),
+        "mpi_threads_disable": (None, bool),
+        "ccl_bgt_affinity": (None, int),
+        "gloo_timeout_seconds": (None, int),
+    },
+    "logging": {
+        "level": ("log_level", "level"),
+        "with_timestamp": (None, bool),
+    },
+}
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(f"--config-file {path}: {exc.strerror}") from None
+    try:
+        import yaml
+    except ImportError:
+        data = parse_simple_yaml(text, path)
+    else:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--config-file {path}: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config-file {path}: the file holds no mapping of sections")
+    return data
+
+
+def _scalar(text):
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("null", "~", ""):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_simple_yaml(text, path="<config>"):
+    """Nested mappings of scalars, indented with spaces; # comments."""
+    root = {}
+    stack = [(-1, root)]
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        key, sep, value = line.strip().partition(":")
+        if not sep or not key:
+            raise ValueError(f"--config-file {path}:{number}: {raw.strip()!r} is not "
+                             "'key: value'")
+        while stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        if value.strip():
+            parent[key.strip()] = _scalar(value)
+        else:
+            child = {}
+            parent[key.strip()] = child
+            stack.append((indent, child))
+    return root
+
+
+def _convert(value, kind, where):
+    if kind in (bool, "not-bool"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {value!r} is not true or false")
+        return (not value) if kind == "not-bool" else value
+    if kind == "level":
+        value = str(value).lower()
+        from coordinator.run import LOG_LEVELS
+
+        if value not in LOG_LEVELS:
+            raise ValueError(f"{where}: {value!r} is not one of {', '.join(LOG_LEVELS)}")
+        return value
+    if kind is str:
+        return str(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {value!r} is not a number")
+    if kind is int and float(value) != int(value):
+        raise ValueError(f"{where}: {value!r} is not an integer")
+    value = kind(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: {value!r} must be a number >= 0")
+    return value
+
+
+def apply(args, config, explicit=()):
+    """Sets the attributes of `args` the file gives, except those in
+    `explicit` (flags given on the command line)."""
+    for section, values in config.items():
+        if section == "controller":
+            if str(values).lower() == "gloo":
+                raise ValueError("--config-file: controller gloo: this coordinator runs over "
+                                 "MPI (and NCCL), not Gloo")
+            if str(values).lower() != "mpi":
+                raise ValueError(f"--config-file: no such controller: {values!r}")
+            continue
+        known = SECTIONS.get(section)
+        if known is None:
+            raise ValueError(f"--config-file: unknown section {section!r} (known: "
+                             f"{', '.join(sorted(SECTIONS))}, controller)")
+        if not isinstance(values, dict):
+            raise ValueError(f"--config-file: section {section!r} must be a mapping")
+        for key, value in values.items():
+            if key not in known:
+                raise ValueError(f"--config-file: unknown key {section}.{key}")
+            dest, kind = known[key]
+            if dest is None or value is None or dest in explicit:
+                continue
+            setattr(args, dest, _convert(value, kind, f"--config-file {section}.{key}"))

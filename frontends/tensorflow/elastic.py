@@ -1,0 +1,164 @@
+"""horovod.tensorflow.elastic over the coordinator: `run`,
+`TensorFlowKerasState`, `TensorFlowState`.
+
+TensorFlow reports a failed collective as a `tf.errors.OpError` (inside a
+tf.function, a Keras train step included, TensorFlow decides the class), so
+`run` turns those that come from the coordinator back into
+HorovodInternalError before the elastic loop sees them, as Horovod does.
+
+Deliberate differences from Horovod 0.28.1, all for TensorFlow 2 / Keras 3:
+states copy variables to host memory (NumPy) on commit; `TensorFlowState`
+broadcasts its variables on sync (Horovod's does so only in TF1 sessions);
+an optimizer that has not built its variables yet is built on the model's
+trainable variables when the state is made, so a new worker holds the same
+variables as the others when they sync.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from coordinator.elastic import (HostsUpdatedInterrupt, ObjectState, State, run_fn)
+from coordinator.elastic.loop import make_reset
+from coordinator.errors import HorovodInternalError
+from frontends.tensorflow.basics import init, rank, shutdown
+from frontends.tensorflow.functions import broadcast_object, broadcast_variables
+
+__all__ = ["run", "TensorFlowKerasState", "TensorFlowState", "State", "ObjectState",
+           "HostsUpdatedInterrupt"]
+
+# What marks a tf.errors.OpError as a failed collective of the coordinator.
+_CORE_ERROR_MARKS = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast",
+                     "HorovodAlltoall", "HorovodReducescatter", "RankFailedError",
+                     "HorovodInternalError", "ShutdownError", "StallError",
+                     "the coordinator", "coordinator's background thread")
+
+
+def _core_failure(exc):
+    """True when a TensorFlow error stands for a failed collective."""
+    cause = exc
+    while cause is not None:
+        if isinstance(cause, HorovodInternalError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    message = getattr(exc, "message", "") or str(exc)
+    return any(mark in message for mark in _CORE_ERROR_MARKS)
+
+
+def run(func):
+    """Runs `func(state, ...)` elastically (see coordinator.elastic.loop);
+    TensorFlow errors from failed collectives count as a lost worker."""
+
+    def wrapper(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.OpError as exc:
+            if _core_failure(exc):
+                raise HorovodInternalError(exc) from exc
+            raise
+
+    return run_fn(_keep_name(wrapper, func), make_reset(shutdown, init))
+
+
+def _keep_name(wrapper, func):
+    wrapper.__name__ = getattr(func, "__name__", "train")
+    wrapper.__doc__ = getattr(func, "__doc__", None)
+    wrapper.__wrapped__ = func
+    return wrapper
+
+
+def _variables(obj):
+    """`obj.variables` (a Keras 3 property) or `obj.variables()` (older)."""
+    value = obj.variables
+    return list(value() if callable(value) else value)
+
+
+def _host_copy(variables):
+    return [np.array(v) for v in variables]
+
+
+def _assign(variables, values):
+    for var, value in zip(variables, values):
+        var.assign(value)
+
+
+def _model_built(model):
+    return model.built if hasattr(model, "build") else True
+
+
+class TensorFlowKerasState(ObjectState):
+    """State of a Keras model and its optimizer (the model's compiled one
+    when `optimizer` is None); other keyword arguments are synced as plain
+    objects. `backend` is accepted for compatibility (TF1)."""
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+        self.model = model
+        if not _model_built(model):
+            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+        self.optimizer = optimizer or model.optimizer
+        self.backend = backend
+        if self.optimizer is not None and not getattr(self.optimizer, "built", True):
+            self.optimizer.build(model.trainable_variables)
+        self._save_model()
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+
+    def _all_variables(self):
+        variables = list(self.model.variables)
+        if self.optimizer is not None:
+            variables += _variables(self.optimizer)
+        return variables
+
+    def save(self):
+        self._save_model()
+        super().save()
+
+    def restore(self):
+        self._load_model()
+        super().restore()
+
+    def sync(self):
+        broadcast_variables(self._all_variables(), root_rank=0)
+        self._save_model()
+        super().sync()
+
+    def _save_model(self):
+        self._saved_model_state = _host_copy(self.model.variables)
+        self._saved_optimizer_state = (_host_copy(_variables(self.optimizer))
+                                       if self.optimizer is not None else [])
+
+    def _load_model(self):
+        _assign(self.model.variables, self._saved_model_state)
+        if self.optimizer is not None:
+            _assign(_variables(self.optimizer), self._saved_optimizer_state)
+
+
+class TensorFlowState(ObjectState):
+    """State of a list of tf.Variables (eager TensorFlow 2); `session` is
+    accepted for compatibility (TF1)."""
+
+    def __init__(self, variables=None, session=None, **kwargs):
+        if variables is None:
+            raise ValueError("TensorFlowState needs its variables: TensorFlow 2 has no "
+                             "global variable collection")
+        self.variables = list(variables)
+        self.session = session
+        self._save_model()
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
+
+    def save(self):
+        self._save_model()
+        super().save()
+
+    def restore(self):
+        self._load_model()
+        super().restore()
+
+    def sync(self):
+        broadcast_variables(self.variables, root_rank=0)
+        self._save_model()
+        super().sync()
+
+    def _save_model(self):
+        self._values = _host_copy(self.variables)
+
+    def _load_model(self):
+        _assign(self.variables, self._values)

@@ -1,0 +1,289 @@
+"""Elastic jobs under coordrun: workers lost (SIGKILL) and added, hosts
+blacklisted, the reset limit and --min-np, and coordinator.run.
+
+The "hosts" are names this machine answers to (localhost, 127.0.0.1, its
+hostname): Open MPI places every rank here, while the driver keeps them
+apart, blacklists them and places workers on them as on separate machines.
+The jobs are tests/scripts/elastic_{torch,keras,numpy}.py.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from coordinator.elastic import service
+from mpi_harness import ROOT, mpi_env
+
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+HOSTS = ["localhost", "127.0.0.1", socket.gethostname()]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def local_hosts():
+    if len(set(HOSTS)) < 3 or not all(service.is_local(h) for h in HOSTS):
+        pytest.skip(f"needs three names for this machine, has {HOSTS}")
+
+
+def discovery(tmp_path, hosts):
+    """A discovery script printing the lines of a file the test can change;
+    returns (script path, function that sets the hosts)."""
+    listing = tmp_path / "hosts.txt"
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {listing}\n")
+    script.chmod(0o755)
+
+    def set_hosts(names):
+        tmp = tmp_path / "hosts.tmp"
+        tmp.write_text("".join(f"{h}:1\n" for h in names))
+        os.replace(tmp, listing)
+
+    set_hosts(hosts)
+    return str(script), set_hosts
+
+
+def coordrun(flags, script, env=None, timeout=240, on_line=None):
+    """Runs coordrun flags... python <script>; returns (rc, stdout, stderr).
+    `on_line(line)` sees each line of stdout as it comes."""
+    cmd = [sys.executable, "-m", "coordinator.run"] + flags + [
+        sys.executable, os.path.join(SCRIPTS, script)]
+    extra = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    extra.update(env or {})
+    proc = subprocess.Popen(cmd, env=mpi_env(extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    err = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if on_line is not None:
+                on_line(line)
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+        proc.wait(max(1, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    return proc.returncode, "".join(out), "".join(err)
+
+
+def steps(out):
+    """[(time, size)] of every step line."""
+    return [(float(m.group(2)), int(m.group(1)))
+            for m in re.finditer(r"^step \d+ .*?size (\d+).*?t=([\d.]+)", out, re.MULTILINE)]
+
+
+def finals(out):
+    """{rank: (size, checksum text)} from the final lines."""
+    return {int(m.group(1)): (int(m.group(2)), m.group(3))
+            for m in re.finditer(r"^final rank (\d+) size (\d+) .*?checksum (.+)$", out,
+                                 re.MULTILINE)}
+
+
+def recovery_seconds(out):
+    killed = float(re.search(r"^killing .*t=([\d.]+)", out, re.MULTILINE).group(1))
+    after = [t for t, size in steps(out) if size == 2 and t > killed]
+    return min(after) - killed
+
+
+def check_lost_worker(rc, out, err):
+    assert rc == 0, err[-3000:]
+    assert "driver: lost the worker on" in err and "membership 1: 2 kept" in err
+    done = finals(out)
+    assert sorted(done) == [0, 1], out[-2000:]
+    assert {size for size, _ in done.values()} == {2}
+    assert len({checksum for _, checksum in done.values()}) == 1, done  # identical weights
+    assert recovery_seconds(out) <= 10
+
+
+def test_torch_job_goes_on_after_losing_one_of_three_workers(tmp_path):
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "3", "--min-np", "2", "--host-discovery-script", script],
+                            "elastic_torch.py", env={"KILL_AT": "25:1", "EPOCHS": "2"})
+    check_lost_worker(rc, out, err)
+    assert [size for _, size in steps(out)][:3] == [3, 3, 3]
+
+
+def test_keras_job_goes_on_after_losing_one_of_three_workers(tmp_path):
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "3", "--min-np", "2", "--host-discovery-script", script],
+                            "elastic_keras.py", env={"KILL_AT": "20:2", "EPOCHS": "2"})
+    check_lost_worker(rc, out, err)
+
+
+def test_a_new_host_brings_a_worker_that_receives_the_state(tmp_path):
+    script, set_hosts = discovery(tmp_path, HOSTS[:2])
+    added = []
+
+    def add_host_once_training(line):
+        if not added and line.startswith("step 10 "):
+            added.append(time.monotonic())
+            set_hosts(HOSTS)
+
+    rc, out, err = coordrun(["-np", "2", "--min-np", "2", "--max-np", "3",
+                             "--host-discovery-script", script],
+                            "elastic_torch.py", env={"EPOCHS": "3", "STEP_SLEEP": "0.05"},
+                            on_line=add_host_once_training)
+    assert rc == 0, err[-3000:]
+    assert "membership 1: 2 kept, 0 leave, 1 new" in err
+    sizes = [size for _, size in steps(out)]
+    assert sizes[0] == 2 and sizes[-1] == 3
+    done = finals(out)
+    assert sorted(done) == [0, 1, 2] and {s for s, _ in done.values()} == {3}
+    assert len({checksum for _, checksum in done.values()}) == 1, done
+
+
+def test_a_host_that_keeps_failing_is_blacklisted_and_the_job_finishes(tmp_path):
+    bad = HOSTS[1]
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "2", "--min-np", "2", "--max-np", "3",
+                             "--blacklist-cooldown-range", "1", "2",
+                             "--host-discovery-script", script],
+                            "elastic_numpy.py",
+                            env={"FAIL_HOST": bad, "STEPS": "100", "STEP_SLEEP": "0.05"})
+    assert rc == 0, err[-3000:]
+    assert f"blacklisted host {bad} after a worker on it failed (failure 1)" in err
+    assert f"blacklisted host {bad} after a worker on it failed (failure 2)" in err
+    assert f"host {bad} is back from the blacklist" in err
+    for other in (HOSTS[0], HOSTS[2]):
+        assert f"blacklisted host {other}" not in err
+    done = re.findall(r"^done rank \d+ size (\d+) step 100 total ([\d.]+)", out, re.MULTILINE)
+    assert len(done) >= 2 and len(set(done)) == 1, out[-2000:]
+
+
+def test_workers_on_a_removed_host_leave_and_the_rest_go_on(tmp_path):
+    script, set_hosts = discovery(tmp_path, HOSTS)
+    removed = []
+
+    def remove_host_once_training(line):
+        if not removed and line.startswith("step 20 "):
+            removed.append(True)
+            set_hosts([HOSTS[0], HOSTS[2]])
+
+    rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--host-discovery-script", script],
+                            "elastic_numpy.py", env={"STEPS": "80", "STEP_SLEEP": "0.05"},
+                            on_line=remove_host_once_training)
+    assert rc == 0, err[-3000:]
+    assert "membership 1: 2 kept, 1 leave, 0 new" in err
+    assert "its host is no longer part of the job; exiting" in err
+    done = re.findall(r"^done rank \d+ size (\d+) step 80 total ([\d.]+)", out, re.MULTILINE)
+    assert len(done) == 2 and len(set(done)) == 1 and done[0][0] == "2", out[-2000:]
+
+
+def test_the_job_stops_after_reset_limit_resets(tmp_path):
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--reset-limit", "1",
+                             "--host-discovery-script", script], "elastic_numpy.py",
+                            env={"KILL_AT": "10:2:0,20:1:1", "STEPS": "60"})
+    assert rc != 0
+    assert "membership 1: 2 kept" in err
+    assert re.search(r"coordrun: the elastic driver stopped the job: the job has been re-formed "
+                     r"1 time, its --reset-limit; a lost worker would need one more", err), err
+
+
+def test_too_few_workers_after_the_elastic_timeout_fail_the_job_clearly(tmp_path):
+    script, _ = discovery(tmp_path, HOSTS)
+    started = time.monotonic()
+    rc, out, err = coordrun(["-np", "3", "--min-np", "3", "--elastic-timeout", "2",
+                             "--host-discovery-script", script], "elastic_numpy.py",
+                            env={"KILL_AT": "10:2", "STEPS": "60"})
+    assert rc != 0 and time.monotonic() - started < 60
+    assert re.search(r"coordrun: the elastic driver stopped the job: only 2 worker slots are "
+                     r"available, fewer than the 3 needed to go on \(--min-np\), after waiting "
+                     r"2 s \(--elastic-timeout\)", err), err
+
+
+def test_coordinator_run_returns_every_ranks_value(monkeypatch):
+    import coordinator
+
+    # Defined here, so cloudpickle sends them by value (the ranks cannot
+    # import this test module).
+    def ranks_report(offset):
+        import numpy as np
+
+        import coordinator as hvd
+
+        hvd.init()
+        total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, name="t")
+        out = (hvd.rank(), hvd.size(), float(total[0]) + offset)
+        hvd.shutdown()
+        return out
+
+    def fails_on_rank_one():
+        if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+            raise ZeroDivisionError("rank one cannot")
+        return "fine"
+
+    for key, value in mpi_env().items():
+        monkeypatch.setenv(key, value)
+    assert coordinator.run(ranks_report, args=(10,), np=3) == [
+        (0, 3, 16.0), (1, 3, 16.0), (2, 3, 16.0)]
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 raised:.*ZeroDivisionError: rank one"):
+        coordinator.run(fails_on_rank_one, np=2)
+
+
+# --------------------------------------------------------- real hosts
+
+@pytest.fixture
+def three_hosts():
+    """hosta, hostb, hostc: network namespaces with their own hostnames and
+    addresses (examples/multihost/netns.py); skips where they cannot be made."""
+    import shutil
+    import tempfile
+
+    from netns import netns
+
+    directory = tempfile.mkdtemp(prefix="hosts-")
+    cluster = netns.Cluster(directory, ("hosta", "hostb", "hostc"))
+    try:
+        cluster.start()
+    except netns.Unavailable as exc:
+        shutil.rmtree(directory, ignore_errors=True)
+        pytest.skip(f"cannot make hosts from network namespaces here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_on_real_hosts_a_lost_worker_is_replaced_on_another_host(three_hosts, tmp_path):
+    """coordrun on hosta; the worker on hostb is SIGKILLed; hostb is
+    blacklisted and, to keep --min-np 2, a worker is spawned on hostc (its
+    PRRTE daemon started with the job), fetches the job's environment from
+    the driver, joins with rank 0's state, and the job finishes."""
+    cluster = three_hosts
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho hosta:1\necho hostb:1\necho hostc:1\n")
+    script.chmod(0o755)
+    argv = [os.path.join(os.path.dirname(sys.executable), "coordrun"), "-np", "2",
+            "--min-np", "2", "--max-np", "2", "--host-discovery-script", str(script),
+            "--verbose", "-x", "STEPS", "-x", "KILL_AT", "-x", "STEP_SLEEP",
+            sys.executable, os.path.join(SCRIPTS, "elastic_numpy.py")]
+    env = {"PRTE_MCA_plm_ssh_agent": cluster.agent, "PYTHONPATH": ROOT,
+           "PYTHONUNBUFFERED": "1", "HOROVOD_LOG_HIDE_TIME": "1", "STEPS": "60",
+           "KILL_AT": "20:1", "STEP_SLEEP": "0.05"}
+    proc = cluster.popen("hosta", argv, env=env, text=True, cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"COORDINATOR_DRIVER_ADDRESS=10\.77\.0\.1:\d+", out)  # the hosts' link
+    assert "blacklisted host hostb" in out
+    assert "membership 1: 1 kept, 0 leave, 1 new: hosta[0], hostc[0]" in out
+    done = re.findall(r"^done rank (\d) size 2 step 60 total ([\d.]+)", out, re.MULTILINE)
+    assert sorted(r for r, _ in done) == ["0", "1"] and len({t for _, t in done}) == 1, out[-3000:]
