@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 from coordinator import dtypes
 from coordinator.control_channel import (TAG_REQUEST, TAG_RESPONSE, TAG_ROUND,
-                                         TAG_ROUND_RESPONSE)
+                                         TAG_ROUND_RESPONSE, peer_failure)
 from coordinator.controller import CACHEABLE, Controller
 from coordinator.errors import (HorovodInternalError, RankFailedError, ShutdownError,
                                 StallError, TensorMismatchError)
@@ -240,6 +240,13 @@ class Background:
         try:
             self._loop()
         except BaseException as exc:  # the thread must never die silently
+            lost = peer_failure(exc, self.channel.comm)
+            if lost is not None:  # ULFM: a peer failed; no traceback needed
+                self.executor.abandon()
+                self.parts.fatal(RankFailedError(
+                    f"rank {self.rank}: {lost}; collective operations that involve it can "
+                    "never complete"))
+                return
             log.exception("coordinator background thread failed")
             self.parts.fatal(HorovodInternalError(
                 f"rank {self.rank}: the coordinator's background thread failed: {exc!r}"))
@@ -439,7 +446,8 @@ class Background:
         return True
 
     def _run_ready(self, ready):
-        entries = complete_groups([self.fast[slot] for slot in ready if slot in self.fast])
+        entries = complete_groups([self.fast[slot] for slot in ready if slot in self.fast
+                                   and not self.fast[slot].done])
         if not entries:
             return False
         params = self.params

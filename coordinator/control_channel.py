@@ -129,6 +129,35 @@ class Cycle:
         return ready.tolist(), int(~self._recv[-1]), agree
 
 
+_PEER_FAILURES = {MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED}
+
+
+def peer_failure(exc, comm=None):
+    """A sentence about the failed peers when `exc` is MPI reporting one
+    (ULFM: a process failed, or a communicator was revoked), else None."""
+    if not isinstance(exc, MPI.Exception) or exc.Get_error_class() not in _PEER_FAILURES:
+        return None
+    failed = []
+    if comm is not None:
+        try:
+            group = comm.Get_failed()
+            failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
+        except MPI.Exception:
+            pass
+    who = ("ranks " + ", ".join(map(str, sorted(failed)))) if failed else "a peer"
+    return f"{who} failed or left the job (MPI: {exc.Get_error_string()})"
+
+
+def revoke(comms):
+    """Revokes communicators (ULFM) so that peers still waiting on them are
+    released with an error; quiet where ULFM is unavailable."""
+    for comm in comms:
+        try:
+            comm.Revoke()
+        except (MPI.Exception, NotImplementedError, AttributeError):
+            pass
+
+
 class Transport:
     """The job as the control plane sees it: which ranks there are, a private
     channel for wire messages, and the few blocking exchanges of `init`.
@@ -141,6 +170,7 @@ class Transport:
         self.rank = self.base.rank
         self.size = self.base.size
         self.channel = ControlChannel(self.base.Dup())
+        self.made = [self.channel.comm]  # communicators made here, to revoke
 
     def allgather(self, value):
         """Every rank's `value` (a picklable object), indexed by rank. Blocks:
@@ -149,11 +179,20 @@ class Transport:
 
     def data_world(self):
         """A new communicator over the job's ranks, for a data backend."""
-        return self.base.Dup()
+        comm = self.base.Dup()
+        self.made.append(comm)
+        return comm
 
     def cycle(self, slots):
         """The negotiation cycle, on a communicator of its own."""
-        return Cycle(self.base.Dup(), slots)
+        comm = self.base.Dup()
+        self.made.append(comm)
+        return Cycle(comm, slots)
+
+    def revoke(self):
+        """After a peer died: releases everyone still waiting on this job's
+        communicators (elastic training re-forms the job afterwards)."""
+        revoke(self.made)
 
     def ranks_of(self, comm):
         """The job's ranks that a user's communicator holds, sorted."""

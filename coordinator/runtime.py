@@ -186,6 +186,13 @@ class Runtime:
         self.close_queue(lambda e: ValueError(
             f"{e.describe()}: the coordinator has been shut down; call init() first"),
             "shutdown() was called")
+        from coordinator.errors import RankFailedError
+
+        if isinstance(self.fatal_error, RankFailedError):
+            # A peer died: release whoever still waits on this job's
+            # communicators (elastic training shrinks and re-forms next).
+            self.transport.revoke()
+            self.ops.revoke()
         self.monitor.close()
         self.timeline.close()
         self.buffers.clear()

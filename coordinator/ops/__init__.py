@@ -104,6 +104,14 @@ class OperationManager:
     def __init__(self, backends):
         self.backends = list(backends)
 
+    def revoke(self):
+        """After a peer died: releases peers waiting on the backends'
+        communicators (ULFM), so a re-formed job leaves nothing stuck."""
+        for backend in self.backends:
+            revoke = getattr(backend, "revoke", None)
+            if revoke is not None:
+                revoke()
+
     def backend_for(self, response):
         for backend in self.backends:
             if backend.enabled(response):

@@ -100,6 +100,11 @@ class Communicators:
         finally:
             group.Free()
 
+    def revoke(self):
+        from coordinator.control_channel import revoke
+
+        revoke([c for pid, c in self._comms.items()] + [self.world])
+
     def release(self, process_set_id):
         comm = self._comms.pop(process_set_id, None)
         if comm is not None and comm is not self.world:
@@ -208,6 +213,9 @@ class MPIOps:
 
     def remove_process_set(self, process_set_id):
         self.comms.release(process_set_id)
+
+    def revoke(self):
+        self.comms.revoke()
 
     def zeros(self, shape, dtype, device):
         """A joined rank's stand-in for a tensor it did not submit."""
