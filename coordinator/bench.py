@@ -1,6 +1,9 @@
 """Benchmarks against raw mpi4py, side by side in one run.
 
-    python -m coordinator.bench [--np 2] [--cases a,b,c,d] [--repeats N]
+    python -m coordinator.bench [--np 2] [--cases a,b,c,d] [--repeats N] [--load K]
+
+`--load K` runs K processes that each spin on a core beside the benchmark,
+as data loaders or another job would on a training machine.
 
 Run without mpirun, it launches itself on --np ranks. Each case alternates
 the raw MPI version and ours (A, B, A, B, ...) so both see the same machine
@@ -396,8 +399,27 @@ class GpuBench(Bench):
         super().report()
 
 
+def _busy_load(count):
+    """`count` processes that each spin on a core, as data-loader workers
+    or another job would: the loaded case of the benchmark (--load)."""
+    code = "while True:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+            for _ in range(count)]
+
+
 def _launch(args):
-    """Runs the MPI cases as one job, then case (e) as a job of its own."""
+    """Runs the MPI cases as one job, then case (e) as a job of its own,
+    with `args.load` spinning processes beside them."""
+    load = _busy_load(args.load)
+    try:
+        return _launch_jobs(args)
+    finally:
+        for proc in load:
+            proc.kill()
+            proc.wait()
+
+
+def _launch_jobs(args):
     status = 0
     mpi_cases = args.cases.replace("e", "")
     if mpi_cases:
@@ -436,6 +458,8 @@ def main(argv=None):
                         help=f"letters of the cases to run (default {CASES}; {GPU_CASES} "
                              "with --gpu)")
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--load", type=int, default=0,
+                        help="spinning processes to run beside the benchmark (busy cores)")
     parser.add_argument("--gpu", action="store_true",
                         help="the GPU cases, on CuPy arrays (needs CuPy, NCCL and a GPU)")
     args = parser.parse_args(argv)
