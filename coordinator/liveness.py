@@ -11,6 +11,11 @@ never finish. Every rank publishes (host identity, pid, hostname) at `init`.
   are watched over the network (network_watch.py): each rank holds an idle
   TCP connection to a rank of every other host, which closes when that rank
   dies and fails when its host goes silent, and the error names the host.
+
+A rank that fails leaves its reason with the peers on its machine before it
+exits (`tell_local`, a datagram to each one's abstract Unix socket), so that
+they name the root cause ("rank 1 ..., which had failed: host hostb stopped
+answering") rather than only the rank that exited first.
 """
 
 import collections
@@ -51,6 +56,11 @@ class PeerMonitor:
         self.dead = []
         self.network = None
         mine = peers[my_rank][0]
+        self._causes = {}  # pid -> the reason it gave before exiting
+        self._local = [_cause_address(identity, pid)
+                       for rank, (identity, pid, _) in enumerate(peers)
+                       if rank != my_rank and identity == mine]
+        self._inbox = _cause_socket(_cause_address(mine, os.getpid())) if self._local else None
         if comm is not None:
             from coordinator.network_watch import NetworkWatch
 
@@ -78,6 +88,9 @@ class PeerMonitor:
                 info = self._fds.pop(fd, None)
                 if info is None:
                     continue
+                cause = self._cause_of(info.pid)
+                if cause:
+                    info = info._replace(how=f"which had failed: {cause}")
                 self._poll.unregister(fd)
                 os.close(fd)
                 found.append(info)
@@ -86,7 +99,34 @@ class PeerMonitor:
         finally:
             self._lock.release()
 
+    def tell_local(self, reason):
+        """Leaves `reason` (why this rank cannot go on) with every peer on this
+        machine; they read it when they see this process exit. Never blocks;
+        a peer that cannot take it names this rank without it."""
+        if self._inbox is None:
+            return
+        data = f"{os.getpid()}\n{reason}".encode("utf-8", "replace")[:_CAUSE_MAX]
+        for address in self._local:
+            try:
+                self._inbox.sendto(data, address)
+            except OSError:
+                pass
+
+    def _cause_of(self, pid):
+        while self._inbox is not None:
+            try:
+                data = self._inbox.recv(_CAUSE_MAX)
+            except OSError:  # nothing (more) queued
+                break
+            sender, _, text = data.decode("utf-8", "replace").partition("\n")
+            if sender.isdigit():
+                self._causes[int(sender)] = text
+        return self._causes.get(pid)
+
     def close(self):
+        if self._inbox is not None:
+            self._inbox.close()
+            self._inbox = None
         if self.network is not None:
             self.network.close()
         with self._lock:
@@ -98,6 +138,33 @@ class PeerMonitor:
             self._fds.clear()
 
 
+_CAUSE_MAX = 4096
+
+
+def _cause_address(identity, pid):
+    """The abstract Unix socket name on which the rank with this pid (on the
+    machine and pid namespace `identity`) takes its peers' reasons."""
+    return f"\0coordinator.cause.{identity}.{pid}"
+
+
+def _cause_socket(address):
+    """A non-blocking datagram socket bound to `address`, or None (not Linux,
+    or the name is taken)."""
+    if not hasattr(socket, "AF_UNIX"):
+        return None
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    try:
+        s.bind(address)
+        s.setblocking(False)
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
 def describe_dead(found):
     """'rank 2 (pid 28 on hostb)', with how it was noticed where that was
     over the network: 'rank 2 (pid 28 on hostb: the connection to host hostb
@@ -106,5 +173,6 @@ def describe_dead(found):
     for item in found:
         rank, pid, host = item[:3]
         how = item[3] if len(item) > 3 else ""
-        parts.append(f"rank {rank} (pid {pid} on {host}{': ' + how if how else ''})")
+        sep = ", " if how.startswith("which ") else ": "
+        parts.append(f"rank {rank} (pid {pid} on {host}{sep + how if how else ''})")
     return ", ".join(parts)

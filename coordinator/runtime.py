@@ -154,6 +154,7 @@ class Runtime:
         if self.fatal_error is None:
             self.fatal_error = exc
             log.error("rank %d: %s", self.rank, exc)
+            self.monitor.tell_local(str(exc))
         self.close_queue(lambda e: type(exc)(f"{e.describe()}: {exc}"), str(exc), exc)
 
     def close_queue(self, make_error, reason, error=None):

@@ -1,0 +1,57 @@
+"""A rank that fails tells the peers on its machine why before it exits, so
+they name the root cause, not only the rank that exited first (seen in the
+multi-host test: rank 1 lost hostb, raised and exited; rank 0 then blamed
+rank 1 alone)."""
+
+import os
+import subprocess
+import sys
+import time
+
+from coordinator.liveness import PeerMonitor, describe_dead, host_identity
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = """
+import os, sys
+from coordinator.liveness import PeerMonitor, host_identity
+ident = host_identity()
+monitor = PeerMonitor(1, [(ident, int(sys.argv[1]), "hosta"), (ident, os.getpid(), "hosta")])
+sys.stdin.readline()
+if sys.argv[2] == "tell":
+    monitor.tell_local("rank 3 (pid 29 on hostb: host hostb stopped answering for 4 s) "
+                       "exited while the job was running")
+"""
+
+
+def _dead_child(tell):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(os.getpid()), tell],
+                             stdin=subprocess.PIPE, env=env, text=True)
+    ident = host_identity()
+    monitor = PeerMonitor(0, [(ident, os.getpid(), "hosta"), (ident, child.pid, "hosta")])
+    try:
+        time.sleep(0.5)  # the child has bound its socket by now, or tells nobody
+        child.stdin.write("go\n")
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0
+        deadline = time.monotonic() + 10
+        found = []
+        while not found and time.monotonic() < deadline:
+            found = monitor.check()
+            time.sleep(0.01)
+        assert [d.pid for d in found] == [child.pid]
+        return describe_dead(found), child.pid
+    finally:
+        monitor.close()
+
+
+def test_a_local_peer_that_failed_is_named_with_its_reason():
+    text, pid = _dead_child("tell")
+    assert text.startswith(f"rank 1 (pid {pid} on hosta, which had failed: rank 3 "), text
+    assert "host hostb stopped answering" in text
+
+
+def test_a_local_peer_that_said_nothing_is_named_alone():
+    text, pid = _dead_child("silent")
+    assert text == f"rank 1 (pid {pid} on hosta)"
