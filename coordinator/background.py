@@ -169,6 +169,7 @@ class Background:
         self.round = None  # the round under way: (number, {rank: RequestList} on rank 0)
         self.rounds = 0
         self.flags = 0  # what the last cycle said
+        self._more = False  # whether it said that someone still waits
         self._fresh = False  # submitted since the last cycle was posted
         self._woken = False  # asked to post a cycle (a ping, a report)
         self._next_post = 0.0
@@ -274,7 +275,7 @@ class Background:
     def _busy(self):
         return bool(self.queue.inflight_count() or self.executor or self.cycle.in_flight
                     or self.round is not None or self._final is not None
-                    or self._shutdown_wanted or self.flags & FLAG_PENDING)
+                    or self._shutdown_wanted or self._more)
 
     def _timeout(self, sleeps, last_progress):
         inflight = self.queue.inflight_count()
@@ -396,13 +397,20 @@ class Background:
             return True
         return self.is_coordinator and self.controller.has_global_pending()
 
+    def _pending_beyond_cycle(self):
+        """Waiting on something a cycle's slots do not show: a round's
+        answer, or (rank 0) requests the controller holds."""
+        if self.classic or self.sent:
+            return True
+        return self.is_coordinator and self.controller.has_global_pending()
+
     def _post_due(self, now):
         if self._fresh or self._woken or self.classic or self.resend:
             return True
         if self.is_coordinator and (self.controller.has_global_output()
                                     or self._params_changed()):
             return True
-        if self.flags & (FLAG_CLASSIC | FLAG_REPORT | FLAG_PENDING) or self._pending():
+        if self.flags & (FLAG_CLASSIC | FLAG_REPORT) or self._more or self._pending():
             return now >= self._next_post
         return False
 
@@ -414,7 +422,7 @@ class Background:
                 self.is_coordinator and (self.controller.has_global_output()
                                          or self._params_changed())):
             flags |= FLAG_CLASSIC
-        if self._pending():
+        if self._pending_beyond_cycle():
             flags |= FLAG_PENDING
         if self.fast and any(now - e.since >= self._report_after and not e.reported
                              for e in self.fast.values()):
@@ -423,9 +431,12 @@ class Background:
         self._woken = False
         self.cycle.post(flags, now, self.slots.digest)
 
-    def _cycle_done(self, ready, flags, agree):
+    def _cycle_done(self, ready, flags, agree, partial):
         """Runs what the cycle found ready on every rank; starts a round if
-        anyone asked for one."""
+        anyone asked for one. Every rank posts the next cycle while someone
+        waits: for a round's answer (PENDING), or for a slot the others have
+        not set (`partial`). A cycle that ran everything anyone had submitted
+        is the last one, so a step costs one cycle, not two."""
         if not agree:
             self._die(HorovodInternalError(
                 f"rank {self.rank}: the ranks' negotiation cycle slots disagree (slot digest "
@@ -433,6 +444,7 @@ class Background:
                 "so the coordinator stops (a bug: please report it)"))
             return True
         self.flags = flags
+        self._more = bool(flags & FLAG_PENDING) or partial
         moved = self._run_ready(ready) if ready else False
         if flags & (FLAG_CLASSIC | FLAG_REPORT):
             self._start_round(bool(flags & FLAG_REPORT))

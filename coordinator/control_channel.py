@@ -74,18 +74,19 @@ class ControlChannel:
 
 class Cycle:
     """One rank's side of the negotiation cycle: a non-blocking allreduce
-    (bitwise AND) of `bits` (one per cache slot), of a digest and its
-    complement (both survive the AND only where every rank sent the same
-    digest), and of a word of flags stored inverted, so that every rank
-    learns the slots set everywhere, whether the digests agree, and the
+    (bitwise AND) of `bits` (one per cache slot) and of their complement,
+    of a digest and its complement (both survive the AND only where every
+    rank sent the same digest), and of a word of flags stored inverted, so
+    that every rank learns the slots set everywhere, whether some slot is
+    set somewhere but not everywhere, whether the digests agree, and the
     flags set anywhere."""
 
     def __init__(self, comm, slots):
         self.comm = comm
         words = (slots + 63) // 64
         self.bits = np.zeros(words, np.uint64)  # this rank's, kept up to date
-        self._send = np.zeros(words + 3, np.uint64)
-        self._recv = np.zeros(words + 3, np.uint64)
+        self._send = np.zeros(2 * words + 3, np.uint64)
+        self._recv = np.zeros(2 * words + 3, np.uint64)
         self._digest = 0
         self._request = None
         self.posted_at = None
@@ -105,8 +106,9 @@ class Cycle:
     def post(self, flags, now, digest=0):
         words = len(self.bits)
         self._send[:words] = self.bits
-        self._send[words] = np.uint64(digest)
-        self._send[words + 1] = ~np.uint64(digest)
+        np.invert(self.bits, out=self._send[words:2 * words])
+        self._send[2 * words] = np.uint64(digest)
+        self._send[2 * words + 1] = ~np.uint64(digest)
         self._send[-1] = ~np.uint64(flags)
         self._digest = digest
         self._request = self.comm.Iallreduce(self._send, self._recv, MPI.BAND)
@@ -115,18 +117,22 @@ class Cycle:
 
     def test(self):
         """None while in flight; then (slots set on every rank, flags set on
-        any rank, whether every rank posted the same digest)."""
+        any rank, whether every rank posted the same digest, whether some
+        slot was set on some ranks only)."""
         if not self._request.Test():
             return None
         self._request = None
         self.posted_at = None
         self.cycles += 1
         words = len(self.bits)
-        ready = np.flatnonzero(np.unpackbits(self._recv[:words].view(np.uint8),
-                                             bitorder="little"))
-        agree = (int(self._recv[words]) == self._digest
-                 and int(~self._recv[words + 1]) == self._digest)
-        return ready.tolist(), int(~self._recv[-1]), agree
+        everywhere = self._recv[:words]
+        ready = np.flatnonzero(np.unpackbits(everywhere.view(np.uint8), bitorder="little"))
+        # ~AND(~bits) is the OR: set somewhere. Somewhere but not everywhere:
+        # some rank waits for the others to submit.
+        partial = bool(np.any(~self._recv[words:2 * words] & ~everywhere))
+        agree = (int(self._recv[2 * words]) == self._digest
+                 and int(~self._recv[2 * words + 1]) == self._digest)
+        return ready.tolist(), int(~self._recv[-1]), agree, partial
 
 
 _PEER_FAILURES = {MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED}

@@ -18,9 +18,13 @@ The flags (set on any rank, so every rank sees them):
   empty; rank 0 runs the Controller over all of them and answers each rank
   with the plans it runs, the notices of what it owes, and the parameters
   the cycle plans with. Rank 0 raises it whenever it has something to tell.
-- PENDING: someone still waits for something: everyone posts the next
-  cycle (after a short back-off if nothing moved). With nothing pending
-  anywhere, nobody cycles and an idle job sends nothing.
+- PENDING: someone waits for something the slots do not show (a round's
+  answer, or rank 0's controller holding requests): everyone posts the next
+  cycle (after a short back-off if nothing moved). A slot set on some ranks
+  but not all does the same (the cycle carries the complement of the bits
+  too, so every rank sees the OR beside the AND). With nothing pending
+  anywhere, nobody cycles and an idle job sends nothing; a step whose
+  tensors all arrive before the cycle costs that one cycle.
 - REPORT: someone's steady-state tensor has waited for half the stall check
   time: in the next round every rank describes its waiting tensors in full,
   so rank 0's stall inspector sees who is missing (and can fail them, at a

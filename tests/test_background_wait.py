@@ -70,6 +70,7 @@ def _loop_state(inflight, waiting, spin_waited):
     bg.cycle = types.SimpleNamespace(in_flight=False)
     bg.round = None
     bg.flags = 0
+    bg._more = False
     bg._next_post = 0.0
     bg.channel = types.SimpleNamespace(progress=lambda: False)
     bg.config = types.SimpleNamespace(idle_poll_interval=0.05)

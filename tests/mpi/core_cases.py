@@ -4,6 +4,8 @@ Every rank can compute every other rank's input (`data`), so each case checks
 its result against the NumPy computation of the expected value.
 """
 
+import time
+
 import numpy as np
 
 try:
@@ -175,6 +177,25 @@ def case_steady_state_uses_response_cache(hvd):
     # After the first step, every step runs from the negotiation cycle: no
     # description goes to rank 0.
     assert bg.stats["cycle_runs"] >= 4, bg.stats
+
+
+def case_steady_state_step_costs_one_cycle(hvd):
+    """A cached tensor that every rank submits runs from one cycle; no
+    second cycle follows just to learn that nobody waits any more."""
+    from coordinator import runtime
+
+    bg = runtime.current().background
+    for _ in range(3):  # cached from here on
+        hvd.allreduce(np.ones(2), op=hvd.Sum, name="one.cycle")
+    before = bg.cycle.cycles
+    steps = 40
+    for step in range(steps):
+        assert_equal(hvd.allreduce(np.full(2, float(step)), op=hvd.Sum, name="one.cycle"),
+                     np.full(2, float(step) * hvd.size()))
+    time.sleep(0.2)  # nothing is left to cycle for
+    spent = bg.cycle.cycles - before
+    # Two cycles a step before (the second only to find nothing pending).
+    assert spent <= steps * 1.25, (spent, steps)
 
 
 # ------------------------------------------------------------------ allgather
