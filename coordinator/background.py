@@ -253,6 +253,9 @@ class Background:
                 f"rank {self.rank}: the coordinator's background thread failed: {exc!r}"))
         finally:
             self.finished = True
+            # Nothing may wait for a thread that is gone.
+            self.queue.fail_remaining(lambda e: ShutdownError(
+                f"{e.describe()}: the coordinator stopped before it completed"))
 
     def _loop(self):
         sleeps = 0

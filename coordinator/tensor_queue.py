@@ -229,20 +229,34 @@ class TensorQueue:
     def inflight_count(self):
         return len(self._inflight)
 
-    def close(self, make_error):
+    def close(self, make_error, keep=()):
         """Refuse new entries (`make_error(entry)` is raised) and return every
-        entry still in flight, which the caller fails."""
+        entry still in flight, which the caller fails. Entries whose id() is in
+        `keep` stay in flight: collectives every rank started, which complete
+        as usual."""
         with self._lock:
             self._closed = make_error
-            entries = list(self._inflight.values())
-            self._inflight.clear()
+            entries = [e for e in self._inflight.values() if id(e) not in keep]
+            for entry in entries:
+                del self._inflight[entry.key]
             self._queue.clear()
         self.wakeup.set()
         return entries
 
+    def fail_remaining(self, make_error):
+        """Fails whatever is still in flight; closes the queue with
+        `make_error` unless it was closed already (the first reason stands)."""
+        with self._lock:
+            if self._closed is None:
+                self._closed = make_error
+            entries = list(self._inflight.values())
+            self._inflight.clear()
+            self._queue.clear()
+        for entry in entries:
+            entry.fail(make_error(entry))
+
     def close_and_fail(self, make_error, error=None, keep=()):
         """close(), then fail every entry in flight with `error` (or
         `make_error(entry)`), except those whose id() is in `keep`."""
-        for entry in self.close(make_error):
-            if id(entry) not in keep:
-                entry.fail(error if error is not None else make_error(entry))
+        for entry in self.close(make_error, keep):
+            entry.fail(error if error is not None else make_error(entry))

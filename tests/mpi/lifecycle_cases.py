@@ -42,3 +42,45 @@ def case_shutdown_by_one_rank_fails_the_others_pending_ops(hvd):
     hvd.init()
     assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="revived"),
                  np.full(1, float(hvd.size())))
+
+
+def case_a_collective_every_rank_started_completes_through_a_shutdown(hvd):
+    """The last rank has not yet seen its allreduce finish when another rank's
+    shutdown reaches it: the result still arrives (it used to wait forever:
+    shutting down dropped the tensors it kept running from the queue, so
+    their completion went unrecognised)."""
+    from coordinator import runtime
+    from coordinator.executor import Operation
+
+    last = hvd.size() - 1
+    if hvd.rank() != last:
+        assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="deferred"),
+                     np.full(2, float(hvd.size())))
+        hvd.shutdown()
+    else:
+        bg = runtime.current().background
+        advance = Operation.advance
+        held = []
+
+        def advance_until_shutdown(op):
+            # The collective runs; its completion is noticed only once the
+            # shutdown has begun here.
+            if op in held:
+                return bg.stopping
+            finished = advance(op)
+            if finished and not bg.stopping:
+                held.append(op)
+                return False
+            return finished
+
+        Operation.advance = advance_until_shutdown
+        try:
+            h = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="deferred")
+            assert_equal(hvd.synchronize(h), np.full(2, float(hvd.size())))
+        finally:
+            Operation.advance = advance
+        assert held, "the allreduce finished before the shutdown began: nothing was tested"
+        hvd.shutdown()
+    hvd.init()
+    assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="revived"),
+                 np.full(1, float(hvd.size())))
