@@ -66,6 +66,12 @@ class FakeDeviceArray:
     def __getitem__(self, key):
         return FakeDeviceArray(self._host[key])
 
+    def __setitem__(self, key, value):
+        self._host[key] = value._host if isinstance(value, FakeDeviceArray) else value
+
+    def astype(self, dtype):
+        return FakeDeviceArray(self._host.astype(dtype))
+
     def get(self):
         """A host copy (cupy.ndarray.get)."""
         return self._host.copy()
@@ -151,6 +157,9 @@ def fake_cupy(nccl=None, kernels=None):
     def ascontiguousarray(arr):
         return FakeDeviceArray(np.ascontiguousarray(arr._host))
 
+    def concatenate(arrays):
+        return FakeDeviceArray(np.concatenate([a._host for a in arrays]))
+
     def raw_kernel(code, name):
         if kernels is None:
             raise RuntimeError("no host kernels given to the fake CuPy")
@@ -159,7 +168,7 @@ def fake_cupy(nccl=None, kernels=None):
     return types.SimpleNamespace(
         __version__="14.0.0+fake", ndarray=FakeDeviceArray, cuda=cuda, empty=empty,
         zeros=zeros, asarray=asarray, from_dlpack=from_dlpack,
-        ascontiguousarray=ascontiguousarray, RawKernel=raw_kernel)
+        ascontiguousarray=ascontiguousarray, concatenate=concatenate, RawKernel=raw_kernel)
 
 
 # ------------------------------------------------------- kernels on the host

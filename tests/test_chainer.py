@@ -34,10 +34,17 @@ def test_equal_length_ranges_cover_everything_inside_the_dataset(n, size):
 
 
 @pytest.mark.parametrize("name", sorted(GPU_COMMUNICATORS))
-def test_gpu_communicator_names_raise_before_touching_mpi(name):
-    with pytest.raises(RuntimeError, match="no GPU backend") as info:
+def test_gpu_communicator_names_without_cupy_raise_before_touching_mpi(name):
+    with pytest.raises(RuntimeError, match="CuPy is not installed") as info:
         chainermn.create_communicator(name)
     assert repr(name) in str(info.value) and "'naive'" in str(info.value)
+
+
+def test_allreduce_grad_dtype_must_be_a_float_as_in_chainermn():
+    with pytest.raises(ValueError, match="numpy.float16"):
+        chainermn.create_communicator("pure_nccl", allreduce_grad_dtype=np.int32)
+    with pytest.raises(ValueError, match="only available at 'pure_nccl'"):
+        chainermn.create_communicator("flat", allreduce_grad_dtype=np.float16)
 
 
 def test_unknown_communicator_name_lists_the_known_ones():

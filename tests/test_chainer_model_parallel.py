@@ -67,3 +67,9 @@ def test_a_chainermn_model_parallel_script_finds_every_name():
         bn.get_communication_backend(None, "gloo")
     with pytest.raises(ValueError, match="pure_nccl"):
         bn.get_communication_backend(None, "nccl")
+
+    class PureNccl:
+        name = "pure_nccl"
+    assert bn.get_communication_backend(PureNccl(), "auto") == "nccl"
+    assert bn.get_communication_backend(PureNccl(), "nccl") == "nccl"
+    assert bn.get_communication_backend(PureNccl(), "mpi") == "mpi"

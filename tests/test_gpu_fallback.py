@@ -383,7 +383,25 @@ def test_device_arrays_end_to_end_at_np2(case, fake_nccl):
     results.check(case, 2)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
+@pytest.mark.parametrize("case", ["gpu_communicators_average_device_gradients_in_place",
+                                  "pure_nccl_reduces_gradients_in_allreduce_grad_dtype",
+                                  "array_collectives_keep_device_arrays_on_the_device",
+                                  "dummy_checks_gradients_and_leaves_them",
+                                  "double_buffering_updates_with_the_previous_steps_device_mean"])
+def test_chainermn_gpu_communicators_on_device_arrays_at_np2(case, fake_nccl):
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the kernels for the host")
+    from mpi_harness import CaseResults
+
+    results = _CHAINER_RESULTS.setdefault(fake_nccl, CaseResults(
+        "tests/mpi/chainer_gpu_cases.py", env=_mpi_env(fake_nccl)))
+    results.check(case, 2)
+
+
 _RESULTS = {}
+_CHAINER_RESULTS = {}
 _CHECKED = []  # the data communicators, checked (filled under mpirun)
 
 

@@ -11,8 +11,9 @@ ranks, then run the wrapped optimizer. Attributes other than these methods
 With double_buffering=True an update hands the gradients just computed to
 the coordinator and updates with those of the previous iteration, averaged
 while this iteration's forward and backward ran (ChainerMN's documented
-semantics; there it needs the pure_nccl GPU communicator, here it runs on CPU
-through the coordinator's asynchronous handles). Counting updates after the
+semantics; there it needs the pure_nccl GPU communicator, here it runs on
+every communicator, CPU or GPU, through the coordinator's asynchronous
+handles). Counting updates after the
 initial broadcast, update 1 only starts communication, and update k >= 2
 applies the mean gradient computed in update k - 1: the gradient is one step
 stale. `wait()` finishes the communication in flight; call it before reading

@@ -1,14 +1,19 @@
 """create_communicator: ChainerMN's communicator names, mapped onto the coordinator.
 
-'naive' is ChainerMN's CPU communicator and runs here: its tensors go through
-the coordinator. Every other name in ChainerMN (v6 and v7) selects a GPU
-algorithm, which needs CuPy, NCCL and CUDA GPUs there too; the coordinator has
-no GPU backend yet, so those names raise a RuntimeError that says so, as
-ChainerMN itself raises on a machine without them.
+'naive' is ChainerMN's CPU communicator. Every other name in ChainerMN (v6 and
+v7) selects a GPU algorithm; here each of them is a communicator whose CuPy
+arrays go through the coordinator's device backend (NCCL through CuPy, or
+host staging where CuPy has no NCCL), fused, cached and timed like every
+other tensor. The name says what ChainerMN did; the coordinator decides how
+the bytes move (hierarchical and torus allreduce follow the job's
+HOROVOD_HIERARCHICAL_ALLREDUCE / HOROVOD_TORUS_ALLREDUCE settings). As in
+ChainerMN, they need CuPy and a CUDA GPU, and 'pure_nccl' needs NCCL; where
+one is missing they raise a RuntimeError saying which.
 """
 
 from frontends.chainer.communicators.communicator_base import CommunicatorBase
-from frontends.chainer.communicators.coordinator_communicator import CoordinatorCommunicator
+from frontends.chainer.communicators.coordinator_communicator import (
+    CoordinatorCommunicator, DummyCommunicator, check_grad_dtype)
 
 # What each GPU communicator does in ChainerMN (v6 names are marked).
 GPU_COMMUNICATORS = {
@@ -25,34 +30,35 @@ GPU_COMMUNICATORS = {
 CPU_COMMUNICATORS = ("naive",)
 
 
-def _gpu_state():
-    try:
-        import cupy
-    except Exception:  # ImportError, or a broken CUDA install
-        return "CuPy is not installed"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception:
-        count = 0
-    if count == 0:
-        return "no CUDA GPU is visible"
-    return f"{count} GPU(s) are visible, but the coordinator cannot use them yet"
+def _gpu_state(name):
+    """None when `name` can run here, else what is missing."""
+    from coordinator import gpu
+
+    usable, why = gpu.probe()
+    if not usable:
+        return why
+    if name == "pure_nccl":
+        nccl, why = gpu.nccl_module()
+        if nccl is None:
+            return f"{why}; the other GPU communicators stage through host memory there"
+    return None
 
 
-def _gpu_error(name):
+def _gpu_error(name, missing):
     return RuntimeError(
         f"create_communicator({name!r}): this communicator {GPU_COMMUNICATORS[name]}; it "
-        f"needs CuPy, NCCL and CUDA GPUs, and the coordinator has no GPU backend yet "
-        f"(here: {_gpu_state()}). On CPU use create_communicator('naive'), whose gradients "
-        "go through the coordinator's fusion, response cache and timeline.")
+        f"needs CuPy and a CUDA GPU{' with NCCL' if name == 'pure_nccl' else ''} (here: "
+        f"{missing}). On CPU use create_communicator('naive'), whose gradients go through "
+        "the coordinator's fusion, response cache and timeline.")
 
 
 def create_communicator(communicator_name="pure_nccl", mpi_comm=None, **kwargs):
     """A ChainerMN communicator over `mpi_comm` (default: MPI.COMM_WORLD).
 
-    The default name is ChainerMN's, 'pure_nccl', which needs GPUs: CPU jobs
-    pass 'naive'. Keyword arguments: allreduce_grad_dtype (only with
-    'pure_nccl', as in ChainerMN) and batched_copy (accepted; the
+    The default name is ChainerMN's, 'pure_nccl', which needs a GPU with NCCL:
+    CPU jobs pass 'naive'. Keyword arguments: allreduce_grad_dtype (only with
+    'pure_nccl', as in ChainerMN: gradients are reduced in that floating
+    dtype, e.g. np.float16, and cast back) and batched_copy (accepted; the
     coordinator's fusion does the packing). The coordinator is started on
     first use, or joined if another frontend already started it."""
     allreduce_grad_dtype = kwargs.pop("allreduce_grad_dtype", None)
@@ -63,19 +69,25 @@ def create_communicator(communicator_name="pure_nccl", mpi_comm=None, **kwargs):
     if communicator_name != "pure_nccl" and allreduce_grad_dtype is not None:
         raise ValueError("allreduce_grad_dtype is only available at 'pure_nccl' "
                          "communicator.")
-    if communicator_name in GPU_COMMUNICATORS:
-        raise _gpu_error(communicator_name)
-    if communicator_name not in CPU_COMMUNICATORS:
+    if communicator_name not in CPU_COMMUNICATORS + tuple(GPU_COMMUNICATORS):
         known = ", ".join(repr(n) for n in CPU_COMMUNICATORS + tuple(GPU_COMMUNICATORS))
         raise ValueError(f'Unrecognized communicator: "{communicator_name}" (known: {known})')
+    grad_dtype = check_grad_dtype(allreduce_grad_dtype)
+    if communicator_name in GPU_COMMUNICATORS:
+        missing = _gpu_state(communicator_name)
+        if missing is not None:
+            raise _gpu_error(communicator_name, missing)
     if mpi_comm is None:
         from mpi4py import MPI
 
         mpi_comm = MPI.COMM_WORLD
-    comm = CoordinatorCommunicator(mpi_comm, name=communicator_name)
+    kind = DummyCommunicator if communicator_name == "dummy" else CoordinatorCommunicator
+    comm = kind(mpi_comm, name=communicator_name)
     comm.set_config("batched_copy", batched_copy)
+    if grad_dtype is not None:
+        comm.set_config("allreduce_grad_dtype", grad_dtype)
     return comm
 
-
-__all__ = ["CommunicatorBase", "CoordinatorCommunicator", "create_communicator",
+__all__ = ["CommunicatorBase", "CoordinatorCommunicator", "DummyCommunicator",
+           "create_communicator",
            "GPU_COMMUNICATORS", "CPU_COMMUNICATORS"]

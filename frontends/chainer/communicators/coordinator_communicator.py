@@ -17,8 +17,12 @@ Dup of the one it was created from), never the core's.
 
 Shapes and dtypes travel ahead of the data as small pickled messages on that
 communicator, so ranks need not know what they will receive, as in ChainerMN.
-Arrays are NumPy arrays (Chainer's CPU arrays): they reach MPI without copies
-when C-contiguous.
+Arrays are NumPy arrays (Chainer's CPU arrays), which reach MPI without copies
+when C-contiguous, or CuPy arrays (Chainer's GPU arrays), which stay on their
+device: the core runs them on its device backend (NCCL), results are CuPy
+arrays, and gradients are averaged in place. A rank that receives without
+sending (bcast, scatter) gets its result on the device when the root's array
+was on one.
 """
 
 import itertools
@@ -29,7 +33,7 @@ import numpy as np
 from mpi4py import MPI
 
 import coordinator as hvd
-from coordinator import basics
+from coordinator import basics, gpu
 from coordinator import dtypes as core_dtypes
 from frontends.chainer.communicators.communicator_base import CommunicatorBase
 
@@ -47,17 +51,18 @@ def _is_sequence(x):
 
 
 def _array(x, what, reducible=False):
-    """x as a NumPy array the core can move, or TypeError (ChainerMN's error)."""
-    if isinstance(x, np.ndarray):
+    """x as a NumPy or CuPy array the core can move, or TypeError (ChainerMN's
+    error)."""
+    if isinstance(x, np.ndarray) or gpu.is_device_array(x):
         arr = x
     elif isinstance(x, (np.generic, int, float, bool)):
         arr = np.asarray(x)
     else:
         module = type(x).__module__.split(".")[0]
-        if module in ("cupy", "chainerx"):
-            raise TypeError(f"{what}: got a {module} array; this communicator moves NumPy "
-                            "(CPU) arrays only, the coordinator has no GPU backend yet")
-        raise TypeError(f"{what}: expected a NumPy array, got {type(x).__name__}")
+        if module == "chainerx":
+            raise TypeError(f"{what}: got a chainerx array; pass its NumPy or CuPy array "
+                            "(chainerx.to_numpy, or the array's .array on a CUDA device)")
+        raise TypeError(f"{what}: expected a NumPy or CuPy array, got {type(x).__name__}")
     info = core_dtypes.info_for(arr.dtype)
     if info is None or (reducible and not info.reducible):
         note = "; bool cannot be summed" if reducible else ""
@@ -66,8 +71,25 @@ def _array(x, what, reducible=False):
     return arr
 
 
+def _xp(arr):
+    """The array module of `arr`: CuPy for device arrays, else NumPy."""
+    return gpu.cupy() if gpu.is_device_array(arr) else np
+
+
 def _contiguous_writeable(arr):
-    return arr.flags.c_contiguous and arr.flags.writeable
+    # CuPy arrays have no writeable flag: they always are.
+    return arr.flags.c_contiguous and getattr(arr.flags, "writeable", True)
+
+
+def check_grad_dtype(dtype):
+    """ChainerMN's rule for allreduce_grad_dtype: None or a floating dtype."""
+    if dtype is None:
+        return None
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise ValueError("allreduce_grad_dtype must be numpy.float16, numpy.float32, "
+                         f"numpy.float64, or None (got {dtype})")
+    return dtype
 
 
 def _check_same_dtype(what, metas):
@@ -98,9 +120,11 @@ def _offsets(counts):
 
 
 class CoordinatorCommunicator(CommunicatorBase):
-    """ChainerMN's `naive` communicator (CPU), with tensors on the coordinator.
+    """ChainerMN's communicators, with tensors on the coordinator: `naive`
+    for NumPy arrays; the GPU names (`pure_nccl`, `flat`, `hierarchical`, ...)
+    for CuPy arrays, which stay on their device.
 
-    Not created directly: use `create_communicator('naive')` or `split`."""
+    Not created directly: use `create_communicator(name)` or `split`."""
 
     def __init__(self, mpi_comm, name="naive", _process_set=None, _prefix=None):
         if mpi_comm == MPI.COMM_NULL:
@@ -110,6 +134,7 @@ class CoordinatorCommunicator(CommunicatorBase):
         self.mpi_comm = mpi_comm.Dup()
         self._finalized = False
         self._batched_copy = True
+        self._grad_dtype = None  # pure_nccl's allreduce_grad_dtype
         self._global = self.mpi_comm.allgather(hvd.rank())
         if _process_set is None:
             if sorted(self._global) != list(range(hvd.size())):
@@ -180,15 +205,23 @@ class CoordinatorCommunicator(CommunicatorBase):
             self._batched_copy = bool(value)  # packing is the core's fusion here
             return
         if name == "allreduce_grad_dtype":
-            raise ValueError("allreduce_grad_dtype is only available at 'pure_nccl' "
-                             "communicator.")
+            if self.name != "pure_nccl":
+                raise ValueError("allreduce_grad_dtype is only available at 'pure_nccl' "
+                                 "communicator.")
+            self._grad_dtype = check_grad_dtype(value)
+            return
         super().set_config(name, value, **kwargs)
 
     def get_config(self, name=None):
         if name is None:
-            return {"batched_copy": self._batched_copy}
+            config = {"batched_copy": self._batched_copy}
+            if self.name == "pure_nccl":
+                config["allreduce_grad_dtype"] = self._grad_dtype
+            return config
         if name == "batched_copy":
             return self._batched_copy
+        if name == "allreduce_grad_dtype" and self.name == "pure_nccl":
+            return self._grad_dtype
         return super().get_config(name)
 
     # ------------------------------------------------------------- helpers
@@ -240,17 +273,17 @@ class CoordinatorCommunicator(CommunicatorBase):
             if _is_sequence(x):
                 raise TypeError("Tuple data cannot be broadcasted")
             arr = _array(x, what)
-            return arr.shape, arr.dtype
+            return arr.shape, arr.dtype, gpu.is_device_array(arr)
 
-        shape, dtype = self._from_root(what, root, meta)
+        shape, dtype, on_device = self._from_root(what, root, meta)
         name = self._name("bcast")
         root_global = self._global[root]
         if self.rank == root:
-            arr = np.asarray(x)
+            arr = _array(x, what)
             out = arr if _contiguous_writeable(arr) else None
             hvd.broadcast(arr, root_global, name=name, process_set=self._ps, output=out)
             return x
-        buf = np.empty(shape, dtype)
+        buf = (gpu.cupy() if on_device else np).empty(shape, dtype)
         return hvd.broadcast(buf, root_global, name=name, process_set=self._ps, output=buf)
 
     def allreduce(self, x):
@@ -270,7 +303,7 @@ class CoordinatorCommunicator(CommunicatorBase):
         arr = _array(x, what)
         metas = self.mpi_comm.allgather((arr.shape, arr.dtype))
         _check_same_dtype(what, metas)
-        flat = np.ascontiguousarray(arr).reshape(-1)
+        flat = _xp(arr).ascontiguousarray(arr).reshape(-1)
         out = hvd.allgather(flat, name=self._name("allgather"), process_set=self._ps)
         counts = [0] * self.size
         for r, (shape, _) in enumerate(metas):
@@ -286,7 +319,7 @@ class CoordinatorCommunicator(CommunicatorBase):
         arr = _array(x, what)
         metas = self.mpi_comm.allgather((arr.shape, arr.dtype))
         _check_same_dtype(what, metas)
-        flat = np.ascontiguousarray(arr).reshape(-1)
+        flat = _xp(arr).ascontiguousarray(arr).reshape(-1)
         splits = [0] * self.size
         splits[self._set_index[root]] = flat.size
         out, received = hvd.alltoall(flat, splits=splits, name=self._name("gather"),
@@ -317,22 +350,24 @@ class CoordinatorCommunicator(CommunicatorBase):
                                          f"with communicator size (shape {arr.shape}, "
                                          f"{self.size} ranks)")
                     parts = list(arr)
-                metas = [("ok", p.shape, p.dtype) for p in parts]
+                on_device = any(gpu.is_device_array(p) for p in parts)
+                metas = [("ok", p.shape, p.dtype, on_device) for p in parts]
             except (TypeError, ValueError) as exc:
                 metas = [("error", type(exc), str(exc))] * self.size
         mine = self.mpi_comm.scatter(metas, root=root)
         if mine[0] == "error":
             raise mine[1](f"{mine[2]} (raised on root rank {root})")
-        _, shape, dtype = mine
+        _, shape, dtype, on_device = mine
+        xp = gpu.cupy() if on_device else np
         splits = [0] * self.size
         if self.rank == root:
             by_set = [None] * self.size
             for r, p in enumerate(parts):
-                by_set[self._set_index[r]] = np.ascontiguousarray(p).reshape(-1)
+                by_set[self._set_index[r]] = xp.ascontiguousarray(p).reshape(-1)
             splits = [p.size for p in by_set]
-            send = np.concatenate(by_set) if by_set else np.empty(0, dtype)
+            send = xp.concatenate(by_set) if by_set else xp.empty(0, dtype)
         else:
-            send = np.empty(0, dtype)
+            send = xp.empty(0, dtype)
         out, _ = hvd.alltoall(send, splits=splits, name=self._name("scatter"),
                               process_set=self._ps)
         return out.reshape(shape)
@@ -346,10 +381,11 @@ class CoordinatorCommunicator(CommunicatorBase):
         _check_same_dtype(what, [(p.shape, p.dtype) for p in parts])
         metas = self.mpi_comm.alltoall([(p.shape, p.dtype) for p in parts])
         _check_same_dtype(what, metas)
+        xp = _xp(parts[0])
         by_set = [None] * self.size
         for r, p in enumerate(parts):
-            by_set[self._set_index[r]] = np.ascontiguousarray(p).reshape(-1)
-        send = np.concatenate(by_set)
+            by_set[self._set_index[r]] = xp.ascontiguousarray(p).reshape(-1)
+        send = xp.concatenate(by_set)
         out, received = hvd.alltoall(send, splits=[p.size for p in by_set],
                                      name=self._name("alltoall"), process_set=self._ps)
         return self._by_comm_rank(out, [int(c) for c in received], metas)
@@ -486,6 +522,12 @@ class CoordinatorCommunicator(CommunicatorBase):
         pending = []
         for name, param in params:
             grad = _array(param.grad, f"multi_node_mean_grad of {name}", reducible=True)
+            if self._grad_dtype is not None and grad.dtype != self._grad_dtype:
+                # pure_nccl's allreduce_grad_dtype: reduce a cast copy, cast back
+                handle, _ = self._mean_async(grad.astype(self._grad_dtype),
+                                             f"{self._prefix}.grad{name}")
+                pending.append((param, grad, handle, True))
+                continue
             handle, copy_back = self._mean_async(grad, f"{self._prefix}.grad{name}")
             pending.append((param, grad, handle, copy_back))
         return pending
@@ -503,7 +545,7 @@ class CoordinatorCommunicator(CommunicatorBase):
             if param.grad is None:
                 if not zero_fill:
                     continue
-                param.grad = np.zeros_like(param.array)
+                param.grad = _xp(param.array).zeros(param.array.shape, param.array.dtype)
             params.append((name, param))
         return params
 
@@ -515,7 +557,7 @@ class CoordinatorCommunicator(CommunicatorBase):
         """ChainerMN's helper: recvbuf becomes the mean over the ranks of
         sendbuf (of recvbuf itself when sendbuf is None)."""
         self._check_open("_multi_node_mean")
-        src = recvbuf if sendbuf is None else np.asarray(sendbuf)
+        src = recvbuf if sendbuf is None else _array(sendbuf, "_multi_node_mean")
         result = hvd.allreduce(src, op=hvd.Average, name=self._name("mean"),
                                process_set=self._ps)
         recvbuf[...] = result
@@ -558,6 +600,17 @@ class CoordinatorCommunicator(CommunicatorBase):
         if not self._finalized:
             self._finalized = True
             self.mpi_comm.Free()
+
+
+class DummyCommunicator(CoordinatorCommunicator):
+    """ChainerMN's `dummy`: the gradients are checked as for a reduction and
+    left as they are, with no communication (it measures everything but the
+    communication). Every other method is the coordinator's."""
+
+    def multi_node_mean_grad(self, model, zero_fill=False):
+        self._check_open("multi_node_mean_grad")
+        for name, param in self._grad_params(model, zero_fill):
+            _array(param.grad, f"multi_node_mean_grad of {name}", reducible=True)
 
 
 def _process_set_for(global_ranks):

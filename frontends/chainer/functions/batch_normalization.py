@@ -15,21 +15,20 @@ uses it; so can anyone calling the function node directly:
         eps, running_mean, running_var, decay, impl_selector=impl)
     y, = func.apply((x, gamma, beta))
 
-The 'nccl' backend needs the pure_nccl GPU communicator, which the
-coordinator cannot offer yet.
+The 'nccl' backend needs the pure_nccl communicator, as in ChainerMN; on
+CuPy arrays the statistics stay on the device either way.
 """
-
-import numpy as np
 
 from chainer.functions.normalization import batch_normalization as bn
 import coordinator as hvd
 
 
 class _MpiImpl(bn.GeneralBatchNormalizationImpl):
-    """Chainer's CPU batch normalization with statistics averaged over the
-    ranks of `comm`. With a `name`, the two allreduces are named after it
-    (stable names hit the core's response cache); without one they take the
-    communicator's next numbered names."""
+    """Chainer's batch normalization with statistics averaged over the ranks
+    of `comm`, on the device the arrays are on (`xp`: NumPy or CuPy). With a
+    `name`, the two allreduces are named after it (stable names hit the
+    core's response cache); without one they take the communicator's next
+    numbered names."""
 
     def __init__(self, comm, name=None):
         self.comm = comm
@@ -43,17 +42,17 @@ class _MpiImpl(bn.GeneralBatchNormalizationImpl):
 
     def get_mean_and_var(self, axis, gamma, x, xp, interm_dtype):
         n = gamma.size
-        tmp = np.empty(2 * n, dtype=gamma.dtype)
+        tmp = xp.empty(2 * n, dtype=gamma.dtype)
         x.mean(axis=axis, out=tmp[:n], dtype=gamma.dtype)
-        np.square(x).mean(axis=axis, out=tmp[n:], dtype=gamma.dtype)
+        xp.square(x).mean(axis=axis, out=tmp[n:], dtype=gamma.dtype)
         self._mean_over_ranks(tmp, "stats")
         mean = tmp[:n]
-        return mean, tmp[n:] - np.square(mean)
+        return mean, tmp[n:] - xp.square(mean)
 
     def get_ggamma_and_gbeta(self, axis, gamma, gy, x_hat, xp):
         # (Chainer's name; like Chainer's own, it returns gbeta first.)
         n = gamma.size
-        tmp = np.empty(2 * n, dtype=gamma.dtype)
+        tmp = xp.empty(2 * n, dtype=gamma.dtype)
         gy.sum(axis=axis, out=tmp[:n], dtype=gamma.dtype)
         (gy * x_hat).sum(axis=axis, out=tmp[n:], dtype=gamma.dtype)
         self._mean_over_ranks(tmp, "grads")
@@ -61,16 +60,21 @@ class _MpiImpl(bn.GeneralBatchNormalizationImpl):
 
 
 def get_communication_backend(comm, communication_backend="auto"):
-    """'mpi' for 'mpi' and 'auto' (every communicator here is a CPU one);
-    'nccl' raises, as in ChainerMN for a communicator that is not pure_nccl."""
+    """As ChainerMN: 'auto' is 'nccl' with the pure_nccl communicator and
+    'mpi' otherwise; 'nccl' with any other communicator raises. Both run
+    through the coordinator, which reduces device arrays with NCCL where it
+    has it, whichever the name."""
     if communication_backend not in ("mpi", "nccl", "auto"):
         raise ValueError(f"MultiNodeBatchNormalization does not support "
                          f"{communication_backend}.")
-    if communication_backend == "nccl":
+    pure_nccl = getattr(comm, "name", None) == "pure_nccl"
+    if communication_backend == "nccl" and not pure_nccl:
         raise ValueError(f"nccl is not supported in MultiNodeBatchNormalization when using "
-                         f"{type(comm)}: it needs the pure_nccl GPU communicator, and the "
-                         "coordinator has no GPU backend yet (use 'mpi' or 'auto')")
-    return "mpi"
+                         f"{type(comm)} {getattr(comm, 'name', '')!r}: it needs the "
+                         "pure_nccl communicator (use 'mpi' or 'auto')")
+    if communication_backend == "auto":
+        return "nccl" if pure_nccl else "mpi"
+    return communication_backend
 
 
 class MultiNodeBNImplSelector:
