@@ -8,6 +8,17 @@ negotiates tensors by name with the other ranks, fuses them, and runs the
 collectives over MPI in the same order everywhere.
 """
 
+import os as _os
+import sys as _sys
+
+from coordinator.runtime import _mpi_defaults
+
+# Open MPI reads its settings when MPI starts. A script (or a frontend) that
+# imports mpi4py's MPI after this package but before init() would otherwise
+# start MPI without them.
+if "mpi4py.MPI" not in _sys.modules:
+    _mpi_defaults(_os.environ)
+
 from coordinator.basics import (add_process_set, ccl_built, cross_rank, cross_size,
                                 cuda_built, ddl_built, gloo_built, gloo_enabled, init,
                                 is_homogeneous, is_initialized, local_rank, local_size,

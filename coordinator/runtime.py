@@ -29,7 +29,8 @@ log = logging.getLogger("coordinator")
 
 _lock = threading.RLock()
 _runtime = None
-_state = {"shut_down": False, "atexit": False, "uncaught": None}
+_state = {"shut_down": False, "atexit": False, "uncaught": None,
+          "mpi_defaults": False}  # whether MPI was given _mpi_defaults before it started
 
 
 def current():
@@ -46,6 +47,8 @@ class Runtime:
         # package (e.g. for coordrun) must not initialise MPI.
         if "mpi4py.MPI" not in sys.modules:
             _mpi_defaults(os.environ)
+        elif not _state["mpi_defaults"]:
+            _note_missing_defaults(os.environ)
         from coordinator.background import Background, Collaborators
         from coordinator.control_channel import Transport
         from coordinator.ops import create_backends
@@ -210,12 +213,27 @@ def _mpi_defaults(environ):
       byte twice: a 64 MiB allreduce in 4 MiB pieces took 21.5 ms that way
       against 7.8 ms with MPI_Allreduce; with this setting 7.8 ms, the same.
     """
+    _state["mpi_defaults"] = True
     environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3")
     # Hierarchical allreduce's Ireduce: libnbc's default chain advances one
     # piece per test of the request; the binomial tree (2) took a 64 MiB
     # hierarchical allreduce on two hosts from 2.8 s to 276 ms.
     environ.setdefault("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2")
+
+
+MPI_DEFAULTS = ("OMPI_MCA_mpi_yield_when_idle", "OMPI_MCA_coll_libnbc_iallreduce_algorithm",
+                "OMPI_MCA_coll_libnbc_ireduce_algorithm")
+
+
+def _note_missing_defaults(environ):
+    """MPI started before the coordinator could give it its settings (mpi4py's
+    MPI was imported before `coordinator`): say which, once, at info level."""
+    missing = [k for k in MPI_DEFAULTS if k not in environ]
+    if missing:
+        log.info("MPI was started before the coordinator was imported, without %s; "
+                 "import the coordinator (or a frontend) before mpi4py's MPI, or set "
+                 "them in the environment", ", ".join(missing))
 
 
 def _dead_error(found):

@@ -22,6 +22,7 @@ Modules, as in ChainerMN: communicators, datasets, extensions, functions,
 global_except_hook, iterators, links, optimizers.
 """
 
+import coordinator  # noqa: F401  (first: its MPI settings must be in place before MPI starts)
 from frontends.chainer._import_chainer import import_chainer
 
 chainer = import_chainer()
