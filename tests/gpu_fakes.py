@@ -12,6 +12,7 @@ on host memory.
 
 import ctypes
 import os
+import struct
 import subprocess
 import types
 
@@ -251,9 +252,12 @@ class FakeNccl:
         self.comm = comm
         self.group = None
         self.calls = []  # (call, nbytes), for the tests
+        self._ids = 0
 
     def get_unique_id(self):
-        return bytes(range(128))
+        """Unique per call and caller: the world rank and a count."""
+        self._ids += 1
+        return struct.pack("<ii", self.comm.rank, self._ids) + bytes(120)
 
     def get_version(self):
         return 22809
@@ -267,8 +271,17 @@ class FakeNccl:
             request.Wait()
 
     def NcclCommunicator(self, size, uid, rank):
-        assert len(uid) == 128 and size == self.comm.size and rank == self.comm.rank
-        return _FakeNcclComm(self)
+        """Over every rank, or over a group whose members share `uid`: then
+        every rank of the world must be making one at the same time (as the
+        host-aware allreduce's host and cross-host groups are)."""
+        assert len(uid) == 128
+        if size == self.comm.size:
+            assert rank == self.comm.rank
+            return _FakeNcclComm(self, self.comm)
+        founder, count = struct.unpack("<ii", bytes(uid[:8]))
+        comm = self.comm.Split(founder * 4096 + count, rank)
+        assert comm.size == size and comm.rank == rank, (comm.size, size, comm.rank, rank)
+        return _FakeNcclComm(self, comm)
 
     def run(self, request):
         if self.group is None:
@@ -278,9 +291,9 @@ class FakeNccl:
 
 
 class _FakeNcclComm:
-    def __init__(self, nccl):
+    def __init__(self, nccl, comm):
         self.nccl = nccl
-        self.comm = nccl.comm
+        self.comm = comm
 
     def _op(self, op):
         from mpi4py import MPI
@@ -307,7 +320,20 @@ class _FakeNcclComm:
         size = self.comm.size
         src = _host(send, count * size, _NCCL_DTYPES[dtype])
         out = _host(recv, count, _NCCL_DTYPES[dtype])
+        if recv != send + self.comm.rank * count * np.dtype(_NCCL_DTYPES[dtype]).itemsize:
+            assert recv >= send + src.nbytes or recv + out.nbytes <= send, "overlap"
+        else:  # NCCL's in place; MPI's buffers must not alias
+            src = src.copy()
         self.nccl.run(self.comm.Ireduce_scatter_block(src, out, self._op(op)))
+
+    def allGather(self, send, recv, count, dtype, stream):
+        from mpi4py import MPI
+
+        self.nccl.calls.append(("allGather", count))
+        out = _host(recv, count * self.comm.size, _NCCL_DTYPES[dtype])
+        in_place = send == recv + self.comm.rank * count * np.dtype(_NCCL_DTYPES[dtype]).itemsize
+        src = MPI.IN_PLACE if in_place else _host(send, count, _NCCL_DTYPES[dtype])
+        self.nccl.run(self.comm.Iallgather(src, out))
 
     def send(self, ptr, count, dtype, peer, stream):
         self.nccl.calls.append(("send", count))

@@ -400,8 +400,27 @@ def test_chainermn_gpu_communicators_on_device_arrays_at_np2(case, fake_nccl):
     results.check(case, 2)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("setting", ["HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_TORUS_ALLREDUCE"])
+@pytest.mark.parametrize("case", ["the_layout_is_two_hosts_of_two",
+                                  "allreduce_runs_in_the_host_then_across_hosts",
+                                  "fused_tensors_share_one_pass",
+                                  "other_process_sets_and_host_tensors_do_not_use_it"])
+def test_nccl_host_aware_allreduce_on_two_simulated_hosts_at_np4(case, setting):
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the kernels for the host")
+    from mpi_harness import CaseResults
+
+    env = dict(_mpi_env(True), COORDINATOR_SIMULATED_LOCAL_SIZE="2")
+    env[setting] = "1"
+    results = _HOST_AWARE_RESULTS.setdefault(setting, CaseResults(
+        "tests/mpi/nccl_host_aware_cases.py", env=env))
+    results.check(case, 4)
+
+
 _RESULTS = {}
 _CHAINER_RESULTS = {}
+_HOST_AWARE_RESULTS = {}
 _CHECKED = []  # the data communicators, checked (filled under mpirun)
 
 

@@ -49,7 +49,7 @@ def create_backends(config, world, members, buffers, timeline, rank, topology, c
         algorithms.append(TorusAllreduce(comms, topology))
     if config.hierarchical_allreduce:
         algorithms.append(HierarchicalAllreduce(comms, topology))
-    backends = _device_backends(config, world, members, buffers, timeline, rank)
+    backends = _device_backends(config, world, members, buffers, timeline, rank, topology)
     backends.append(AdasumOps(comms, timeline))
     backends.append(MPIOps(comms, buffers, timeline, rank, algorithms, config.segment_bytes))
     return OperationManager(backends)
@@ -68,7 +68,7 @@ def device_plan(gpu_ok, nccl_ok, cuda_aware):
             f"is unavailable ({aware})")
 
 
-def _device_backends(config, world, members, buffers, timeline, rank):
+def _device_backends(config, world, members, buffers, timeline, rank, topology=None):
     """The backends for device tensors, or none where they cannot arrive (no
     CuPy, no GPU). Imports CuPy only where it is installed."""
     from coordinator import gpu
@@ -95,7 +95,8 @@ def _device_backends(config, world, members, buffers, timeline, rank):
     if "nccl" in names:
         from coordinator.ops.nccl_ops import NCCLOps
 
-        backends.append(NCCLOps(comms, timeline, nccl))
+        host_aware = config.hierarchical_allreduce or config.torus_allreduce
+        backends.append(NCCLOps(comms, timeline, nccl, topology if host_aware else None))
     backends.append(StagedDeviceOps(host, HostStaging()))
     return backends
 

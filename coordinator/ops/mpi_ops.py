@@ -114,7 +114,11 @@ class Communicators:
         """Sends the set's first member's `payload` (bytes) to every member,
         without blocking: returns (a bytearray that holds it once the
         requests are done, their Requests). The other members pass None."""
-        comm = self[process_set_id]
+        return self.share_on(self[process_set_id], payload, nbytes)
+
+    @staticmethod
+    def share_on(comm, payload, nbytes):
+        """share() on a communicator of group(): from its rank 0 to the rest."""
         buf = bytearray(nbytes)
         if comm.rank == 0:
             buf[:] = payload

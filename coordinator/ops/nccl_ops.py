@@ -34,8 +34,17 @@ refuses it). Allgather, broadcast, alltoall and send/recv move bytes, so
 every dtype. Average is a Sum followed by the division in the unpack
 kernel, as on the host. Min and Max of NaN follow NCCL, not the host
 path's NaN-propagating kernels. Adasum is not run here: the staging backend
-runs it on the host (staging.py). The host-aware algorithms (hierarchical,
-2D torus) have no NCCL version: device tensors use NCCL's own algorithms.
+runs it on the host (staging.py).
+
+Host-aware allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1 or
+HOROVOD_TORUS_ALLREDUCE=1, global set, several hosts of several ranks): the
+fusion buffer, padded to a multiple of the ranks per host, is
+reduce-scattered among the ranks of the host, each rank's share is
+allreduced among the ranks with its local rank on every host, and the
+shares are allgathered in the host (the 2D torus, as Horovod's NCCL
+hierarchical allreduce does it), all on the lane's stream. The host and
+cross-host NCCL communicators are made on first use like a lane's, their
+ids sent over MPI communicators of the same groups.
 
 One GPU per process and set: a rank's tensors of one set live on one device.
 Results the backend allocates come from CuPy's pool on the lane's stream.
@@ -108,10 +117,16 @@ def _starts(counts):
     return out
 
 
+REDUCIBLE = frozenset({pb.SUM, pb.AVERAGE, pb.MIN, pb.MAX, pb.PRODUCT})
+# Create_group tags of the host-aware groups' MPI communicators (the MPI
+# strategies use 1 and 2 on the host lanes).
+LOCAL_TAG, CROSS_TAG = 3, 4
+
+
 class NCCLOps:
     name = "nccl"
 
-    def __init__(self, comms, timeline, nccl):
+    def __init__(self, comms, timeline, nccl, topology=None):
         self.cp = gpu.cupy()
         self.nccl = nccl  # cupy.cuda.nccl
         self.comms = comms  # the device lanes' mpi_ops.Communicators
@@ -121,6 +136,10 @@ class NCCLOps:
         self._line = collections.deque()  # lanes waiting to join, in plan order
         self._device = None  # this rank's GPU, once seen
         self._side = {}  # device -> stream for joined ranks' zeros
+        # The host layout where host-aware allreduce is asked for, else None.
+        self.topology = topology
+        self._groups = {}  # ("local" or "cross", device) -> _Lane
+        self.two_level_calls = 0
         self._types = {pb.INT8: nccl.NCCL_INT8, pb.UINT8: nccl.NCCL_UINT8,
                        pb.INT32: nccl.NCCL_INT32, pb.INT64: nccl.NCCL_INT64,
                        pb.FLOAT16: nccl.NCCL_FLOAT16, pb.FLOAT32: nccl.NCCL_FLOAT32,
@@ -177,6 +196,40 @@ class NCCLOps:
         lane = self._lanes[(process_set_id, device)] = _Lane(self.cp, device, nccl_comm, rank,
                                                              size, stream)
         return lane
+
+    def _open_group(self, kind, ranks, tag, lane):
+        """The NCCL communicator among `ranks` (global) for host-aware
+        allreduce, as a _Lane on `lane`'s device and stream; every rank opens
+        its groups in the same order, at the same operation."""
+        group = self._groups.get((kind, lane.device))
+        if group is not None:
+            return group
+        comm = self.comms.group(ranks, tag)
+        try:
+            uid = _id_bytes(self.nccl.get_unique_id()) if comm.rank == 0 else None
+            ticket = object()
+            self._line.append(ticket)
+            try:
+                received, sent = self.comms.share_on(comm, uid, UNIQUE_ID_BYTES)
+                yield sent
+                yield _Turn(self._line, ticket)
+                with self.cp.cuda.Device(lane.device):
+                    nccl_comm = self.nccl.NcclCommunicator(comm.size,
+                                                           self._id_for_cupy(received),
+                                                           comm.rank)
+            finally:
+                self._line.remove(ticket)
+            group = _Lane(self.cp, lane.device, nccl_comm, comm.rank, comm.size, lane.stream)
+        finally:
+            comm.Free()  # it only carried the id
+        self._groups[(kind, lane.device)] = group
+        return group
+
+    def _two_level(self, response):
+        topo = self.topology
+        return (topo is not None and response.process_set_id == 0
+                and response.reduce_op in REDUCIBLE
+                and topo.cross_size > 1 and topo.local_size > 1)
 
     def _id_for_cupy(self, data):
         """CuPy 14 takes the id as bytes, older versions as a tuple of chars."""
@@ -238,6 +291,9 @@ class NCCLOps:
         (a fused response): one pack kernel into the fusion buffer, one NCCL
         call, one unpack kernel into the outputs."""
         lane = yield from self._lane(response, entries)
+        if self._two_level(response):
+            outputs = yield from self._allreduce_two_level(response, entries, names, lane)
+            return outputs
         kind, buf_kind, buf_dtype, ntype, op, divisor = self._reduction(response, lane)
         pre, post = response.prescale, response.postscale
         cp, stream = self.cp, lane.stream
@@ -269,6 +325,40 @@ class NCCLOps:
                                         [(o.data.ptr, o.size) for o in outputs], buf_kind,
                                         kind, post, divisor)
             wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE")
+        yield from wait
+        return outputs
+
+    def _allreduce_two_level(self, response, entries, names, lane):
+        """Reduce-scatter in the host, allreduce across hosts, allgather in
+        the host (see the module doc), between one pack and one unpack."""
+        topo = self.topology
+        local = yield from self._open_group("local", topo.local_ranks, LOCAL_TAG, lane)
+        cross = yield from self._open_group("cross", topo.cross_ranks, CROSS_TAG, lane)
+        self.two_level_calls += 1
+        kind, buf_kind, buf_dtype, ntype, op, divisor = self._reduction(response, lane)
+        cp, stream = self.cp, lane.stream
+        with self._on(lane, entries):
+            storage = self._storage(response.dtype)
+            outputs = [e.output if e.output is not None else cp.empty(e.shape, storage)
+                       for e in entries]
+            total = sum(e.tensor.size for e in entries)
+            if total:
+                share = -(-total // local.size)  # the last rank's share is padded
+                buf = lane.buffer(cp, "reduce", share * local.size, buf_dtype)
+                self.kernels.pack(lane.tables, stream,
+                                  [(e.tensor.data.ptr, e.tensor.size) for e in entries],
+                                  buf, kind, buf_kind, response.prescale)
+                mine = buf[local.rank * share:(local.rank + 1) * share]
+                # In place, as NCCL defines it: recv = send + rank * count.
+                local.comm.reduceScatter(buf.data.ptr, mine.data.ptr, share, ntype, op,
+                                         stream.ptr)
+                cross.comm.allReduce(mine.data.ptr, mine.data.ptr, share, ntype, op,
+                                     stream.ptr)
+                local.comm.allGather(mine.data.ptr, buf.data.ptr, share, ntype, stream.ptr)
+                self.kernels.unpack(lane.tables, stream, buf[:total],
+                                    [(o.data.ptr, o.size) for o in outputs], buf_kind, kind,
+                                    response.postscale, divisor)
+            wait = self._finish(lane, entries, names, "NCCL_HIERARCHICAL_ALLREDUCE")
         yield from wait
         return outputs
 
