@@ -14,6 +14,7 @@ import ctypes
 import os
 import struct
 import subprocess
+import time
 import types
 
 import numpy as np
@@ -81,9 +82,11 @@ class FakeDeviceArray:
 class _Event:
     def __init__(self, **_):
         self.stream = None
+        self.time = None
 
     def record(self, stream=None):
         self.stream = stream
+        self.time = time.perf_counter()  # the fake's device work is done at once
 
     done = True
 
@@ -137,6 +140,7 @@ def fake_cupy(nccl=None, kernels=None):
     cuda = types.SimpleNamespace(
         Device=_DeviceContext, Stream=_Stream, Event=_Event, runtime=runtime,
         get_current_stream=lambda device_id=-1: (_Stream.current or [_NULL])[-1],
+        get_elapsed_time=lambda start, end: (end.time - start.time) * 1e3,
         alloc_pinned_memory=bytearray)
     if nccl is not None:
         cuda.nccl = nccl

@@ -364,6 +364,26 @@ def test_fusion_kernels_match_the_host_reference(tensor_kind, buffer_kind, host_
             pos += n
 
 
+def test_device_phases_are_counted_back_from_when_the_host_saw_them_done(fake_cupy):
+    from coordinator.ops.nccl_ops import _Phases
+
+    phases = _Phases(fake_cupy, None, enabled=True)
+    for label in ("MEMCPY_IN_FUSION_BUFFER", "NCCL_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"):
+        phases.mark(label)
+    for event, t in zip(phases.events, (0.0, 0.001, 0.003, 0.0035)):  # seconds
+        event.time = t
+    assert phases.spans(10000.0, 0.0) == [("MEMCPY_IN_FUSION_BUFFER", 6500.0, 7500.0),
+                                          ("NCCL_ALLREDUCE", 7500.0, 9500.0),
+                                          ("MEMCPY_OUT_FUSION_BUFFER", 9500.0, 10000.0)]
+    # never before the host started waiting
+    assert phases.spans(10000.0, 8000.0) == [("MEMCPY_IN_FUSION_BUFFER", 8000.0, 8000.0),
+                                             ("NCCL_ALLREDUCE", 8000.0, 9500.0),
+                                             ("MEMCPY_OUT_FUSION_BUFFER", 9500.0, 10000.0)]
+    off = _Phases(fake_cupy, None, enabled=False)
+    off.mark("NCCL_ALLREDUCE")
+    assert off.events == [] and off.spans(1.0, 0.0) == []
+
+
 # ------------------------------------------------- end to end, under mpirun
 def _mpi_env(fake_nccl):
     return {"FAKE_NCCL": "1" if fake_nccl else "0",
@@ -372,7 +392,8 @@ def _mpi_env(fake_nccl):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
-@pytest.mark.parametrize("case", ["every_op_on_device_arrays", "no_device_memory_reached_mpi"])
+@pytest.mark.parametrize("case", ["every_op_on_device_arrays", "no_device_memory_reached_mpi",
+                                  "timeline_shows_the_device_copies"])
 def test_device_arrays_end_to_end_at_np2(case, fake_nccl):
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc to build the kernels for the host")
@@ -405,7 +426,8 @@ def test_chainermn_gpu_communicators_on_device_arrays_at_np2(case, fake_nccl):
 @pytest.mark.parametrize("case", ["the_layout_is_two_hosts_of_two",
                                   "allreduce_runs_in_the_host_then_across_hosts",
                                   "fused_tensors_share_one_pass",
-                                  "other_process_sets_and_host_tensors_do_not_use_it"])
+                                  "other_process_sets_and_host_tensors_do_not_use_it",
+                                  "the_timeline_shows_each_level"])
 def test_nccl_host_aware_allreduce_on_two_simulated_hosts_at_np4(case, setting):
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc to build the kernels for the host")
@@ -510,3 +532,64 @@ def case_no_device_memory_reached_mpi(hvd):
     assert _CHECKED, "no data communicator was created"
     if os.environ.get("FAKE_NCCL") != "1":
         assert sum(c.calls for c in _CHECKED) > 0, "the staging backend made no MPI call"
+
+
+def _trace(path):
+    import json
+
+    with open(path) as f:
+        return json.load(f)
+
+
+def _intervals(events, pid, label):
+    """(start, end) of each `label` activity (a B/E pair) of the tensor on
+    track `pid`."""
+    out, stack = [], []
+    for e in sorted((e for e in events if e.get("pid") == pid and e["ph"] in "BE"),
+                    key=lambda e: (e["ts"], e["ph"] != "E")):
+        if e["ph"] == "B":
+            stack.append(e)
+        else:
+            began = stack.pop()
+            if began["name"] == label:
+                out.append((began["ts"], e["ts"]))
+    return out
+
+
+def tensor_track(events, name):
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name" and \
+                e["args"]["name"].endswith(name):
+            return e["pid"]
+    raise AssertionError(f"no timeline row for {name}")
+
+
+def case_timeline_shows_the_device_copies(hvd):
+    me = hvd.rank()
+    path = os.path.join(tempfile.gettempdir(), f"device_timeline_{os.getppid()}.json")
+    hvd.start_timeline(path)
+    parts = [FakeDeviceArray.of(np.full(1000 * (k + 1), me + k, np.float32)) for k in range(3)]
+    hvd.grouped_allreduce(parts, op=hvd.Sum, name="traced")
+    hvd.stop_timeline()
+    if me != 0:  # rank 0 writes the timeline
+        return
+    events = _trace(path)
+    os.remove(path)
+    track = tensor_track(events, "traced_1of3")
+    if os.environ.get("FAKE_NCCL") == "1":
+        (outer,) = _intervals(events, track, "NCCL_ALLREDUCE")[:1]
+        phases = ["MEMCPY_IN_FUSION_BUFFER", "NCCL_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"]
+        spans = [e for e in events if e.get("pid") == track and e["ph"] == "X"]
+        assert [e["name"] for e in spans] == phases, spans
+        for before, after in zip(spans, spans[1:]):  # one after another
+            assert before["ts"] + before["dur"] <= after["ts"] + 0.01
+        # inside the activity the host saw (the fake's "device" works at
+        # enqueue time, before the host waits, so its phases are squeezed
+        # into that window; on a GPU they run inside it)
+        assert outer[0] - 0.01 <= spans[0]["ts"] and \
+            spans[-1]["ts"] + spans[-1]["dur"] <= outer[1] + 0.01, (outer, spans)
+    else:
+        copies_in = _intervals(events, track, "MEMCPY_IN_HOST_BUFFER")
+        copies_out = _intervals(events, track, "MEMCPY_OUT_HOST_BUFFER")
+        assert len(copies_in) == 1 and len(copies_out) == 1, (copies_in, copies_out)
+        assert copies_in[0][1] <= copies_out[0][0]

@@ -97,7 +97,7 @@ def _device_backends(config, world, members, buffers, timeline, rank, topology=N
 
         host_aware = config.hierarchical_allreduce or config.torus_allreduce
         backends.append(NCCLOps(comms, timeline, nccl, topology if host_aware else None))
-    backends.append(StagedDeviceOps(host, HostStaging()))
+    backends.append(StagedDeviceOps(host, HostStaging(), timeline))
     return backends
 
 

@@ -22,8 +22,13 @@ Each operation makes the lane's stream wait for every tensor's ready event
 and NCCL calls, records a completion event and yields until the event has
 fired (executor.py polls it; the background thread never blocks on the
 device). The timeline shows WAIT_FOR_DATA (until the ready events fired)
-and NCCL_<OP> (until the completion event fired); the device copies run
-inside the latter and are not shown apart.
+and NCCL_<OP> (until the completion event fired); inside an allreduce's,
+the device's own phases, timed by CUDA events: MEMCPY_IN_FUSION_BUFFER (the
+pack kernel, prescaling included), NCCL_ALLREDUCE (or NCCL_REDUCESCATTER,
+NCCL_ALLREDUCE and NCCL_ALLGATHER for the host-aware allreduce) and
+MEMCPY_OUT_FUSION_BUFFER (the unpack kernel: scaling, averaging, narrowing);
+an unfused tensor's are PRESCALE (only with a prescale factor),
+NCCL_ALLREDUCE and POSTSCALE.
 
 Dtypes: NCCL reduces int8, uint8, int32, int64, float16, bfloat16, float32
 and float64 natively. int16 has no NCCL type: it is widened to int32 in the
@@ -99,6 +104,45 @@ class _Turn:
 
     def ready(self):
         return self.line[0] is self.ticket
+
+
+class _Phases:
+    """CUDA events between the device phases of one operation (only while
+    the timeline records): once the operation's completion event has fired,
+    `spans()` gives each phase's start and end on the timeline's clock,
+    counted back from the moment the host saw it done."""
+
+    def __init__(self, cp, stream, enabled):
+        self.cp = cp
+        self.stream = stream
+        self.events = []
+        self.labels = []
+        if enabled:
+            self.events.append(self._record())
+
+    def _record(self):
+        event = self.cp.cuda.Event()  # timing enabled
+        event.record(self.stream)
+        return event
+
+    def mark(self, label):
+        """The phase `label` ends here (call after queueing its work)."""
+        if self.events:
+            self.events.append(self._record())
+            self.labels.append(label)
+
+    def spans(self, end, floor):
+        """[(label, start, end)] in microseconds, the last ending at `end`,
+        none starting before `floor` (when the host started waiting)."""
+        if not self.labels:
+            return []
+        get = self.cp.cuda.get_elapsed_time  # milliseconds between two events
+        out = []
+        for i in range(len(self.labels) - 1, -1, -1):
+            start = max(floor, end - get(self.events[i], self.events[i + 1]) * 1e3)
+            out.append((self.labels[i], start, end))
+            end = start
+        return out[::-1]
 
 
 def _row_elems(shape):
@@ -246,7 +290,7 @@ class NCCLOps:
                 lane.stream.wait_event(event)
             yield
 
-    def _finish(self, lane, entries, names, activity, keep=None):
+    def _finish(self, lane, entries, names, activity, keep=None, phases=None):
         """Records the completion event (inside `_on`) and gives the entries
         their DeviceWait; returns the generator that waits for it."""
         done = gpu.DeviceWait(lane.device, [gpu.record(lane.stream)], keep,
@@ -254,9 +298,9 @@ class NCCLOps:
         for e in entries:
             if e is not None:
                 e.done_event = done
-        return self._wait(lane, entries, names, activity, done)
+        return self._wait(lane, entries, names, activity, done, phases)
 
-    def _wait(self, lane, entries, names, activity, done):
+    def _wait(self, lane, entries, names, activity, done, phases=None):
         timeline = self.timeline
         if not timeline.enabled:
             yield done
@@ -266,9 +310,15 @@ class NCCLOps:
             timeline.activity_start(names, "WAIT_FOR_DATA")
             yield gpu.DeviceWait(lane.device, ready, check=lane.comm.check_async_error)
             timeline.activity_end(names)
-        timeline.activity_start(names, activity)
+        started = timeline.activity_start(names, activity)
         yield done
+        if phases is not None:
+            for label, start, end in phases.spans(timeline.now(), started):
+                timeline.span(names, label, start, end)
         timeline.activity_end(names)
+
+    def _phases(self, stream):
+        return _Phases(self.cp, stream, self.timeline.enabled)
 
     @staticmethod
     def _storage(wire):
@@ -298,6 +348,7 @@ class NCCLOps:
         pre, post = response.prescale, response.postscale
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
+            phases = self._phases(stream)
             storage = self._storage(response.dtype)
             outputs = [e.output if e.output is not None else cp.empty(e.shape, storage)
                        for e in entries]
@@ -307,11 +358,14 @@ class NCCLOps:
                     if pre != 1.0:
                         self.kernels.pack(lane.tables, stream, [(src.data.ptr, src.size)], out,
                                           kind, kind, pre)
+                        phases.mark("PRESCALE")
                         src = out
                     lane.comm.allReduce(src.data.ptr, out.data.ptr, out.size, ntype, op,
                                         stream.ptr)
+                    phases.mark("NCCL_ALLREDUCE")
                     self.kernels.unpack(lane.tables, stream, out, [(out.data.ptr, out.size)],
                                         kind, kind, post, divisor)
+                    phases.mark("POSTSCALE")
             else:
                 total = sum(e.tensor.size for e in entries)
                 if total:
@@ -319,12 +373,15 @@ class NCCLOps:
                     self.kernels.pack(lane.tables, stream,
                                       [(e.tensor.data.ptr, e.tensor.size) for e in entries],
                                       buf, kind, buf_kind, pre)
+                    phases.mark("MEMCPY_IN_FUSION_BUFFER")
                     lane.comm.allReduce(buf.data.ptr, buf.data.ptr, total, ntype, op,
                                         stream.ptr)
+                    phases.mark("NCCL_ALLREDUCE")
                     self.kernels.unpack(lane.tables, stream, buf,
                                         [(o.data.ptr, o.size) for o in outputs], buf_kind,
                                         kind, post, divisor)
-            wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE")
+                    phases.mark("MEMCPY_OUT_FUSION_BUFFER")
+            wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE", phases=phases)
         yield from wait
         return outputs
 
@@ -338,6 +395,7 @@ class NCCLOps:
         kind, buf_kind, buf_dtype, ntype, op, divisor = self._reduction(response, lane)
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
+            phases = self._phases(stream)
             storage = self._storage(response.dtype)
             outputs = [e.output if e.output is not None else cp.empty(e.shape, storage)
                        for e in entries]
@@ -348,17 +406,23 @@ class NCCLOps:
                 self.kernels.pack(lane.tables, stream,
                                   [(e.tensor.data.ptr, e.tensor.size) for e in entries],
                                   buf, kind, buf_kind, response.prescale)
+                phases.mark("MEMCPY_IN_FUSION_BUFFER")
                 mine = buf[local.rank * share:(local.rank + 1) * share]
                 # In place, as NCCL defines it: recv = send + rank * count.
                 local.comm.reduceScatter(buf.data.ptr, mine.data.ptr, share, ntype, op,
                                          stream.ptr)
+                phases.mark("NCCL_REDUCESCATTER")
                 cross.comm.allReduce(mine.data.ptr, mine.data.ptr, share, ntype, op,
                                      stream.ptr)
+                phases.mark("NCCL_ALLREDUCE")
                 local.comm.allGather(mine.data.ptr, buf.data.ptr, share, ntype, stream.ptr)
+                phases.mark("NCCL_ALLGATHER")
                 self.kernels.unpack(lane.tables, stream, buf[:total],
                                     [(o.data.ptr, o.size) for o in outputs], buf_kind, kind,
                                     response.postscale, divisor)
-            wait = self._finish(lane, entries, names, "NCCL_HIERARCHICAL_ALLREDUCE")
+                phases.mark("MEMCPY_OUT_FUSION_BUFFER")
+            wait = self._finish(lane, entries, names, "NCCL_HIERARCHICAL_ALLREDUCE",
+                                phases=phases)
         yield from wait
         return outputs
 

@@ -43,9 +43,10 @@ class HostEntry:
 class StagedDeviceOps:
     name = "mpi-staged"
 
-    def __init__(self, host_ops, staging):
+    def __init__(self, host_ops, staging, timeline=None):
         self.host_ops = host_ops  # an OperationManager over host backends of its own
         self.staging = staging  # HostStaging
+        self.timeline = timeline
 
     def enabled(self, response):
         return response.device != -1
@@ -78,13 +79,23 @@ class StagedDeviceOps:
         host = pb.Response()
         host.CopyFrom(response)
         host.device = -1
+        timeline = self.timeline if self.timeline is not None and self.timeline.enabled \
+            else None
+        if timeline:  # the copies wait for the tensors' ready events first
+            timeline.activity_start(names, "MEMCPY_IN_HOST_BUFFER")
         arrays, copied = self.staging.to_host(response, entries)
         yield copied
+        if timeline:
+            timeline.activity_end(names)
         hosts = [HostEntry(e.name, a, a if in_place else None, e.shape, e.dtype_info)
                  for e, a in zip(entries, arrays)]
         results = yield from self.host_ops.run(host, hosts, names, **kwargs)
+        if timeline:
+            timeline.activity_start(names, "MEMCPY_OUT_HOST_BUFFER")
         outputs, copied = self.staging.to_device(response, entries, results)
         yield copied
+        if timeline:
+            timeline.activity_end(names)
         return outputs
 
 

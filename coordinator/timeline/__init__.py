@@ -103,12 +103,18 @@ class TimelineWriter:
 
     def _format(self, event):
         kind, ts, names, label, args = event
+        dur = None
+        if kind == "X":  # a complete event: its duration travels in args
+            args = dict(args)
+            dur = round(args.pop("dur"), 3)
         lines = []
         for name in names:
             record = {"name": label, "ph": kind, "ts": round(ts, 3),
                       "pid": self._pid(name, lines), "tid": 0}
             if kind == "i":
                 record["s"] = "p"
+            if dur is not None:
+                record["dur"] = dur
             if args:
                 record["args"] = args
             lines.append(json.dumps(record, separators=(",", ":")))
@@ -198,10 +204,22 @@ class Timeline:
         self._put("E", self._now(), tuple(names), "")
 
     def activity_start(self, names, activity):
-        self._put("B", self._now(), tuple(names), activity)
+        """Starts `activity`; returns its timestamp (microseconds of now())."""
+        now = self._now()
+        self._put("B", now, tuple(names), activity)
+        return now
 
     def activity_end(self, names):
         self._put("E", self._now(), tuple(names), "")
+
+    def now(self):
+        """The timeline's clock, in microseconds."""
+        return self._now()
+
+    def span(self, names, activity, start, end):
+        """A finished activity from `start` to `end` (microseconds of now()),
+        e.g. device work timed by CUDA events."""
+        self._put("X", start, tuple(names), activity, {"dur": max(0.0, end - start)})
 
     def mark_cycle(self):
         if self.mark_cycles:

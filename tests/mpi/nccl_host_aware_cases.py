@@ -92,3 +92,24 @@ def case_other_process_sets_and_host_tensors_do_not_use_it(hvd):
                             name="product")  # Product is reducible: two-level too
     np.testing.assert_array_equal(product.get(), np.full(2, 24))
     assert backend.two_level_calls == before + 1
+
+
+def case_the_timeline_shows_each_level(hvd):
+    import json
+
+    path = os.path.join(tempfile.gettempdir(), f"host_aware_timeline_{os.getppid()}.json")
+    hvd.start_timeline(path)
+    hvd.allreduce(FakeDeviceArray.of(np.ones(10, np.float32)), op=hvd.Sum, name="levels")
+    hvd.stop_timeline()
+    if hvd.rank() != 0:
+        return
+    with open(path) as f:
+        events = json.load(f)
+    os.remove(path)
+    (track,) = [e["pid"] for e in events if e.get("name") == "process_name"
+                and e["args"]["name"].endswith("levels")]
+    spans = [e["name"] for e in events if e.get("pid") == track and e["ph"] == "X"]
+    assert spans == ["MEMCPY_IN_FUSION_BUFFER", "NCCL_REDUCESCATTER", "NCCL_ALLREDUCE",
+                     "NCCL_ALLGATHER", "MEMCPY_OUT_FUSION_BUFFER"], spans
+    labels = {e["name"] for e in events if e.get("pid") == track and e["ph"] == "B"}
+    assert "NCCL_HIERARCHICAL_ALLREDUCE" in labels, labels
