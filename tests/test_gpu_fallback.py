@@ -248,7 +248,8 @@ class _SoloComms:
     def __getitem__(self, pid):
         return self.comm
 
-    def share(self, pid, payload, nbytes):
+    @staticmethod
+    def share_on(comm, payload, nbytes):
         from coordinator.ops.mpi_ops import Requests
 
         return bytearray(payload), Requests([gpu_fakes._Done()])
@@ -390,18 +391,25 @@ def _mpi_env(fake_nccl):
             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30", "HOROVOD_LOG_LEVEL": "info"}
 
 
+_RESULTS = {}  # (case file, settings) -> CaseResults: one mpirun job each
+
+
+def _check(path, case, np_, env):
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the kernels for the host")
+    from mpi_harness import CaseResults
+
+    key = (path, tuple(sorted(env.items())))
+    results = _RESULTS.setdefault(key, CaseResults(path, env=env))
+    results.check(case, np_)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
 @pytest.mark.parametrize("case", ["every_op_on_device_arrays", "no_device_memory_reached_mpi",
                                   "timeline_shows_the_device_copies"])
 def test_device_arrays_end_to_end_at_np2(case, fake_nccl):
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc to build the kernels for the host")
-    from mpi_harness import CaseResults
-
-    results = _RESULTS.setdefault(fake_nccl, CaseResults(
-        "tests/test_gpu_fallback.py", env=_mpi_env(fake_nccl)))
-    results.check(case, 2)
+    _check("tests/test_gpu_fallback.py", case, 2, _mpi_env(fake_nccl))
 
 
 @pytest.mark.mpi
@@ -412,13 +420,7 @@ def test_device_arrays_end_to_end_at_np2(case, fake_nccl):
                                   "dummy_checks_gradients_and_leaves_them",
                                   "double_buffering_updates_with_the_previous_steps_device_mean"])
 def test_chainermn_gpu_communicators_on_device_arrays_at_np2(case, fake_nccl):
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc to build the kernels for the host")
-    from mpi_harness import CaseResults
-
-    results = _CHAINER_RESULTS.setdefault(fake_nccl, CaseResults(
-        "tests/mpi/chainer_gpu_cases.py", env=_mpi_env(fake_nccl)))
-    results.check(case, 2)
+    _check("tests/mpi/chainer_gpu_cases.py", case, 2, _mpi_env(fake_nccl))
 
 
 @pytest.mark.mpi
@@ -429,20 +431,11 @@ def test_chainermn_gpu_communicators_on_device_arrays_at_np2(case, fake_nccl):
                                   "other_process_sets_and_host_tensors_do_not_use_it",
                                   "the_timeline_shows_each_level"])
 def test_nccl_host_aware_allreduce_on_two_simulated_hosts_at_np4(case, setting):
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc to build the kernels for the host")
-    from mpi_harness import CaseResults
-
     env = dict(_mpi_env(True), COORDINATOR_SIMULATED_LOCAL_SIZE="2")
     env[setting] = "1"
-    results = _HOST_AWARE_RESULTS.setdefault(setting, CaseResults(
-        "tests/mpi/nccl_host_aware_cases.py", env=env))
-    results.check(case, 4)
+    _check("tests/mpi/nccl_host_aware_cases.py", case, 4, env)
 
 
-_RESULTS = {}
-_CHAINER_RESULTS = {}
-_HOST_AWARE_RESULTS = {}
 _CHECKED = []  # the data communicators, checked (filled under mpirun)
 
 

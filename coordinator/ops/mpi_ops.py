@@ -110,15 +110,12 @@ class Communicators:
         if comm is not None and comm is not self.world:
             comm.Free()
 
-    def share(self, process_set_id, payload, nbytes):
-        """Sends the set's first member's `payload` (bytes) to every member,
-        without blocking: returns (a bytearray that holds it once the
-        requests are done, their Requests). The other members pass None."""
-        return self.share_on(self[process_set_id], payload, nbytes)
-
     @staticmethod
     def share_on(comm, payload, nbytes):
-        """share() on a communicator of group(): from its rank 0 to the rest."""
+        """Sends `payload` (bytes) from rank 0 of `comm` (a set's communicator,
+        or one of group()) to its other ranks, without blocking: returns (a
+        bytearray that holds it once the requests are done, their Requests).
+        The other ranks pass None."""
         buf = bytearray(nbytes)
         if comm.rank == 0:
             buf[:] = payload

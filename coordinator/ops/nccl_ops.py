@@ -223,22 +223,11 @@ class NCCLOps:
 
     def _open(self, process_set_id, device):
         comm = self.comms[process_set_id]
-        rank, size = comm.rank, comm.size
-        uid = _id_bytes(self.nccl.get_unique_id()) if rank == 0 else None
-        ticket = object()
-        self._line.append(ticket)
-        try:
-            received, sent = self.comms.share(process_set_id, uid, UNIQUE_ID_BYTES)
-            yield sent
-            yield _Turn(self._line, ticket)
-            with self.cp.cuda.Device(device):
-                # Blocks until every member has joined; they all reach it next.
-                nccl_comm = self.nccl.NcclCommunicator(size, self._id_for_cupy(received), rank)
-                stream = self.cp.cuda.Stream(non_blocking=True)
-        finally:
-            self._line.remove(ticket)
-        lane = self._lanes[(process_set_id, device)] = _Lane(self.cp, device, nccl_comm, rank,
-                                                             size, stream)
+        nccl_comm = yield from self._join(comm, device)
+        with self.cp.cuda.Device(device):
+            stream = self.cp.cuda.Stream(non_blocking=True)
+        lane = self._lanes[(process_set_id, device)] = _Lane(self.cp, device, nccl_comm,
+                                                             comm.rank, comm.size, stream)
         return lane
 
     def _open_group(self, kind, ranks, tag, lane):
@@ -246,28 +235,34 @@ class NCCLOps:
         allreduce, as a _Lane on `lane`'s device and stream; every rank opens
         its groups in the same order, at the same operation."""
         group = self._groups.get((kind, lane.device))
-        if group is not None:
-            return group
-        comm = self.comms.group(ranks, tag)
-        try:
-            uid = _id_bytes(self.nccl.get_unique_id()) if comm.rank == 0 else None
-            ticket = object()
-            self._line.append(ticket)
+        if group is None:
+            comm = self.comms.group(ranks, tag)
             try:
-                received, sent = self.comms.share_on(comm, uid, UNIQUE_ID_BYTES)
-                yield sent
-                yield _Turn(self._line, ticket)
-                with self.cp.cuda.Device(lane.device):
-                    nccl_comm = self.nccl.NcclCommunicator(comm.size,
-                                                           self._id_for_cupy(received),
-                                                           comm.rank)
+                nccl_comm = yield from self._join(comm, lane.device)
+                group = _Lane(self.cp, lane.device, nccl_comm, comm.rank, comm.size,
+                              lane.stream)
             finally:
-                self._line.remove(ticket)
-            group = _Lane(self.cp, lane.device, nccl_comm, comm.rank, comm.size, lane.stream)
-        finally:
-            comm.Free()  # it only carried the id
-        self._groups[(kind, lane.device)] = group
+                comm.Free()  # it only carried the id
+            self._groups[(kind, lane.device)] = group
         return group
+
+    def _join(self, comm, device):
+        """An NCCL communicator over the ranks of MPI communicator `comm`: its
+        rank 0 asks NCCL for an id and sends it to the others; then every
+        rank joins, in plan order (see the module doc)."""
+        uid = _id_bytes(self.nccl.get_unique_id()) if comm.rank == 0 else None
+        ticket = object()
+        self._line.append(ticket)
+        try:
+            received, sent = self.comms.share_on(comm, uid, UNIQUE_ID_BYTES)
+            yield sent
+            yield _Turn(self._line, ticket)
+            with self.cp.cuda.Device(device):
+                # Blocks until every member has joined; they all reach it next.
+                return self.nccl.NcclCommunicator(comm.size, self._id_for_cupy(received),
+                                                  comm.rank)
+        finally:
+            self._line.remove(ticket)
 
     def _two_level(self, response):
         topo = self.topology
@@ -320,6 +315,12 @@ class NCCLOps:
     def _phases(self, stream):
         return _Phases(self.cp, stream, self.timeline.enabled)
 
+    def _outputs(self, response, entries):
+        """Each entry's output: its own, or a new device array (inside `_on`)."""
+        storage = self._storage(response.dtype)
+        return [e.output if e.output is not None else self.cp.empty(e.shape, storage)
+                for e in entries]
+
     @staticmethod
     def _storage(wire):
         return gpu.storage_dtype(dtypes.BY_WIRE[wire].dtype)
@@ -349,9 +350,7 @@ class NCCLOps:
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
             phases = self._phases(stream)
-            storage = self._storage(response.dtype)
-            outputs = [e.output if e.output is not None else cp.empty(e.shape, storage)
-                       for e in entries]
+            outputs = self._outputs(response, entries)
             if len(entries) == 1 and buf_kind == kind:
                 src, out = entries[0].tensor, outputs[0]
                 if out.size:
@@ -396,9 +395,7 @@ class NCCLOps:
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
             phases = self._phases(stream)
-            storage = self._storage(response.dtype)
-            outputs = [e.output if e.output is not None else cp.empty(e.shape, storage)
-                       for e in entries]
+            outputs = self._outputs(response, entries)
             total = sum(e.tensor.size for e in entries)
             if total:
                 share = -(-total // local.size)  # the last rank's share is padded
