@@ -353,6 +353,9 @@ class _FakeNcclComm:
     def destroy(self):
         pass
 
+    def abort(self):
+        self.nccl.calls.append(("abort", 0))
+
 
 # ------------------------------------------------------------------- MPI
 def host_buffer(spec):

@@ -279,6 +279,35 @@ def test_nccl_fused_allreduce_is_one_call_between_one_pack_and_one_unpack(host_k
         assert e.done_event is not None
 
 
+def test_a_revoke_aborts_nccl_and_the_next_operation_joins_with_a_new_id(host_kernels,
+                                                                        monkeypatch):
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    response = _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM)
+    drive(ops.allreduce(response, [_entry(pb.ALLREDUCE, np.ones(3, np.float32))], ["t"]))
+    ids = nccl._ids
+    ops.revoke()  # a peer died (ULFM): elastic training re-forms the job next
+    assert ("abort", 0) in nccl.calls
+    (out,) = drive(ops.allreduce(response, [_entry(pb.ALLREDUCE, np.ones(3, np.float32))],
+                                 ["t"]))
+    np.testing.assert_array_equal(out.get(), np.ones(3))
+    assert nccl._ids == ids + 1  # a new communicator, from a new unique id
+
+
+def test_a_revoke_reaches_the_staging_backends_host_communicators():
+    from coordinator.ops import OperationManager
+    from coordinator.ops.staging import StagedDeviceOps
+
+    class HostBackend:
+        revoked = 0
+
+        def revoke(self):
+            self.revoked += 1
+
+    host = HostBackend()
+    OperationManager([StagedDeviceOps(OperationManager([host]), staging=None)]).revoke()
+    assert host.revoked == 1
+
+
 def test_nccl_allreduce_widens_int16_and_reduces_bfloat16_bits(host_kernels, monkeypatch):
     ops, nccl = _nccl_ops(host_kernels, monkeypatch)
     e = _entry(pb.ALLREDUCE, np.array([-7, 0, 7, 32000], np.int16))

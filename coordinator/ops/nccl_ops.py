@@ -57,6 +57,7 @@ Results the backend allocates come from CuPy's pool on the lane's stream.
 
 import collections
 import contextlib
+import logging
 import struct
 
 import numpy as np
@@ -67,6 +68,8 @@ from coordinator.ops.mpi_ops import reducescatter_rows
 from coordinator.wire import pb
 
 UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
+
+log = logging.getLogger("coordinator")
 
 
 class _Lane:
@@ -212,6 +215,20 @@ class NCCLOps:
         host backends, which release them."""
         for key in [k for k in self._lanes if k[0] == process_set_id]:
             self._lanes.pop(key).comm.destroy()
+
+    def revoke(self):
+        """A peer died: aborts every NCCL communicator (ncclCommAbort: queued
+        and running work is dropped, nothing waits for the dead rank) and
+        forgets it. A re-formed job makes new ones from new unique ids."""
+        comms = [lane.comm for lane in self._lanes.values()]
+        comms += [group.comm for group in self._groups.values()]
+        self._lanes.clear()
+        self._groups.clear()
+        for comm in comms:
+            try:
+                comm.abort()
+            except Exception as exc:  # an old CuPy or NCCL: nothing better to do
+                log.warning("could not abort an NCCL communicator: %s", exc)
 
     # -------------------------------------------------------------- lanes
     def _lane(self, response, entries):

@@ -57,6 +57,9 @@ class StagedDeviceOps:
     def remove_process_set(self, process_set_id):
         self.host_ops.remove_process_set(process_set_id)
 
+    def revoke(self):
+        self.host_ops.revoke()
+
     def allreduce(self, response, entries, names):
         return self._staged(response, entries, names, {}, in_place=True)
 
