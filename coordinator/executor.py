@@ -118,6 +118,10 @@ class Executor:
             del self._lanes[key]
         return done
 
+    def busy(self, lane):
+        """Whether `lane` has an operation in flight."""
+        return lane in self._lanes
+
     def in_flight(self):
         """Every operation not yet finished (the head of each lane first)."""
         return [op for lane in self._lanes.values() for op in lane]

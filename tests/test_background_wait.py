@@ -93,3 +93,39 @@ def test_loop_polls_while_a_thread_waits_and_sleeps_otherwise():
     # Past the waited window the loop backs off again, waiter or not.
     long_ago = time.perf_counter() - 2 * budget
     assert _loop_state(1, 1, budget)._timeout(3, long_ago) > 0
+
+
+def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():
+    """A rank holds its next cycle back while every tensor waiting for one is
+    a GPU tensor of the global set whose lane still runs an operation (they
+    join one larger NCCL call), never for host tensors, other sets or an
+    idle lane, and not longer than DEVICE_HOLD_MAX."""
+    import types
+
+    from coordinator import background as bg
+
+    class Executor:
+        def __init__(self, busy):
+            self.lanes = set(busy)
+
+        def busy(self, lane):
+            return lane in self.lanes
+
+    def entry(device, pset=0):
+        return types.SimpleNamespace(device=device, key=(pset, "t"))
+
+    def loop(fast, busy):
+        return types.SimpleNamespace(fast=dict(enumerate(fast)), flags=0,
+                                     executor=Executor(busy), _held_since=None)
+
+    hold = bg.Background._holding_for_device
+    state = loop([entry(0), entry(0)], busy=[(0, 0)])
+    assert hold(state, 10.0) and hold(state, 10.5)
+    assert not hold(state, 10.0 + bg.DEVICE_HOLD_MAX)  # bounded
+    assert not hold(loop([entry(0), entry(-1)], busy=[(0, 0)]), 1.0)  # a host tensor waits
+    assert not hold(loop([entry(0)], busy=[]), 1.0)  # the lane is free
+    assert not hold(loop([entry(0, pset=1)], busy=[(1, 0)]), 1.0)  # another set
+    assert not hold(loop([], busy=[(0, 0)]), 1.0)  # nothing waits
+    rounds = loop([entry(0)], busy=[(0, 0)])
+    rounds.flags = bg.FLAG_CLASSIC  # a round was asked for: never held
+    assert not hold(rounds, 1.0)

@@ -168,13 +168,14 @@ def test_submit_returns_while_the_gpu_is_still_busy(hvd, cp):
     for it."""
     spin = cp.RawKernel(_SPIN, "spin")
     x = cp.ones(1 << 20, cp.float32)
-    stream = cp.cuda.get_current_stream()
     spin((1,), (1,), (np.int64(3_000_000_000),))  # about a second and more
     x *= 2  # queued behind the spin: the allreduce must read this
+    behind = cp.cuda.Event()
+    behind.record()  # on the current stream, after the doubling
     start = time.perf_counter()
     handle = hvd.allreduce_async(x, op=hvd.Sum, name="busy")
     submitted = time.perf_counter() - start
-    assert not stream.done, "the spin finished before the test could look"
+    assert not behind.done, "the spin finished before the test could look"
     assert submitted < 0.2, f"allreduce_async took {submitted:.3f} s: it waited for the GPU"
     out = hvd.synchronize(handle)
     assert float(out[0]) == 2 * hvd.size()
