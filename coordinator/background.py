@@ -177,6 +177,10 @@ class Background:
         self._fresh = False  # submitted since the last cycle was posted
         self._woken = False  # asked to post a cycle (a ping, a report)
         self._next_post = 0.0
+        # HOROVOD_CYCLE_TIME: cycles start at least this far apart, so more
+        # tensors gather for each (0: as soon as there is work).
+        self._cycle_gap = self.config.cycle_time_ms / 1000.0
+        self._gap_until = 0.0
         self._cycle_backoff = 0.0
         self._report_after = (cfg.stall_check_time / 2
                               if cfg.stall_check_time > 0 and not cfg.stall_check_disable
@@ -297,9 +301,10 @@ class Background:
         else:
             timeout = self.config.idle_poll_interval
         if not self.cycle.in_flight and self.round is None:
-            wait = self._next_post - time.monotonic()
-            if wait > 0:  # the next cycle waits out its back-off
-                timeout = min(timeout, wait)
+            now = time.monotonic()
+            for until in (self._next_post, self._gap_until):
+                if until > now:  # the next cycle waits out its back-off or gap
+                    timeout = min(timeout, until - now)
         return timeout
 
     def _turn(self):
@@ -412,13 +417,16 @@ class Background:
         return self.is_coordinator and self.controller.has_global_pending()
 
     def _post_due(self, now):
-        if self._fresh or self._woken or self.classic or self.resend:
+        if self._woken or self.classic or self.resend:
             return True
         if self.is_coordinator and (self.controller.has_global_output()
                                     or self._params_changed()):
             return True
+        if self._fresh:
+            return now >= self._gap_until and not self._holding_for_device(now)
         if self.flags & (FLAG_CLASSIC | FLAG_REPORT) or self._more or self._pending():
-            return now >= self._next_post and not self._holding_for_device(now)
+            return (now >= max(self._next_post, self._gap_until)
+                    and not self._holding_for_device(now))
         return False
 
     def _holding_for_device(self, now):
@@ -454,6 +462,7 @@ class Background:
             flags |= FLAG_REPORT
         self._fresh = False
         self._woken = False
+        self._gap_until = now + self._cycle_gap
         self.cycle.post(flags, now, self.slots.digest)
 
     def _cycle_done(self, ready, flags, agree, partial):

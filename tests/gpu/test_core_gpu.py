@@ -168,14 +168,22 @@ def test_submit_returns_while_the_gpu_is_still_busy(hvd, cp):
     for it."""
     spin = cp.RawKernel(_SPIN, "spin")
     x = cp.ones(1 << 20, cp.float32)
+    # Load every kernel first: loading a CUDA module can wait for the device
+    # (measured on the H100: the spin had ended by the time `x *= 2` came back).
+    spin((1,), (1,), (np.int64(1000),))
+    x *= 2
+    x /= 2
+    cp.cuda.Event().record()
+    cp.cuda.get_current_stream().synchronize()
     spin((1,), (1,), (np.int64(3_000_000_000),))  # about a second and more
     x *= 2  # queued behind the spin: the allreduce must read this
     behind = cp.cuda.Event()
     behind.record()  # on the current stream, after the doubling
+    busy = not behind.done
     start = time.perf_counter()
     handle = hvd.allreduce_async(x, op=hvd.Sum, name="busy")
     submitted = time.perf_counter() - start
-    assert not behind.done, "the spin finished before the test could look"
+    assert busy, "the spin finished before the test could look"
     assert submitted < 0.2, f"allreduce_async took {submitted:.3f} s: it waited for the GPU"
     out = hvd.synchronize(handle)
     assert float(out[0]) == 2 * hvd.size()
