@@ -62,6 +62,9 @@ def coordrun(flags, script, env=None, timeout=240, on_line=None):
     reader.start()
     out = []
     deadline = time.monotonic() + timeout
+    # A job that hangs without printing must still end the test at the deadline.
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
     try:
         for line in proc.stdout:
             out.append(line)
@@ -70,7 +73,10 @@ def coordrun(flags, script, env=None, timeout=240, on_line=None):
             if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(cmd, timeout)
         proc.wait(max(1, deadline - time.monotonic()))
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(cmd, timeout)
     finally:
+        killer.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()

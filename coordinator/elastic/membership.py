@@ -52,6 +52,7 @@ class Membership:
         self.hosts_version = 0  # the change of hosts the membership accounts for
         self.resets = 0
         self.failures = 0  # re-formings after a lost worker
+        self.departures = 0  # workers that left because their host did
         self.last_reform_seconds = None
         self._lock = threading.RLock()
         self.agent = None
@@ -135,6 +136,7 @@ class Membership:
             self.agent.stop()
             raise JobStoppedError(f"the elastic driver stopped the job: {plan.reason}")
         if plan.leave:
+            self.departures += len(plan.leave)
             leaving = comm.rank in plan.leave
             rest = comm.Split(MPI.UNDEFINED if leaving else 0, comm.rank)
             if leaving:
@@ -215,17 +217,19 @@ class Membership:
 
     def _report_exit(self):
         """At exit: tells the driver how this worker ended. After a lost
-        worker the process then ends without MPI_Finalize: with a dead rank
-        on another host, Open MPI's finalize was measured to wait for good
-        (its last fence includes the dead rank); nothing is left to
-        exchange, and under ULFM mpirun takes a rank that leaves without
-        finalizing as one that finished."""
+        worker, or one that left with its host, the process then ends without
+        MPI_Finalize: Open MPI's last fence includes every process the job
+        ever had, and with a dead rank on another host it was measured to
+        wait for good, as it did here (in 1 run of several) for a worker that
+        had left without finalizing; nothing is left to exchange, and under
+        ULFM mpirun takes a rank that leaves without finalizing as one that
+        finished."""
         if self.agent is None:
             return
         uncaught = getattr(sys, "last_type", None) is not None or _uncaught[0]
         self.agent.finish(1 if uncaught else 0)
         self.agent.stop()
-        if self.failures:
+        if self.failures or self.departures:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1 if uncaught else 0)
