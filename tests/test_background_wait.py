@@ -72,6 +72,7 @@ def _loop_state(inflight, waiting, spin_waited):
     bg.flags = 0
     bg._more = False
     bg._next_post = 0.0
+    bg._gap_until = 0.0
     bg.channel = types.SimpleNamespace(progress=lambda: False)
     bg.config = types.SimpleNamespace(idle_poll_interval=0.05)
     bg.controller = None
