@@ -264,6 +264,10 @@ def three_hosts():
         shutil.rmtree(directory, ignore_errors=True)
 
 
+# What PRRTE prints when its launcher crashes in a spawn after a failure.
+PRRTE_SPAWN_CRASH = "pmix_server_dyn.c"
+
+
 def test_on_real_hosts_a_lost_worker_is_replaced_on_another_host(three_hosts, tmp_path):
     """coordrun on hosta; the worker on hostb is SIGKILLed; hostb is
     blacklisted and, to keep --min-np 2, a worker is spawned on hostc (its
@@ -280,14 +284,25 @@ def test_on_real_hosts_a_lost_worker_is_replaced_on_another_host(three_hosts, tm
     env = {"PRTE_MCA_plm_ssh_agent": cluster.agent, "PYTHONPATH": ROOT,
            "PYTHONUNBUFFERED": "1", "HOROVOD_LOG_HIDE_TIME": "1", "STEPS": "60",
            "KILL_AT": "20:1", "STEP_SLEEP": "0.05"}
-    proc = cluster.popen("hosta", argv, env=env, text=True, cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT)
-    try:
-        out, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-4000:]
+
+    def run():
+        proc = cluster.popen("hosta", argv, env=env, text=True, cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            out, _ = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return proc.returncode, out
+
+    rc, out = run()
+    if rc != 0 and PRRTE_SPAWN_CRASH in out:
+        # PRRTE 3.0.14's launcher itself crashed while spawning the new
+        # worker (1 suite run in 5 here, 0 of 4 runs alone; README,
+        # "Elastic training"): not ours to fix, so one more try.
+        print(f"prterun crashed during the spawn; trying once more:\n{out[-1500:]}")
+        rc, out = run()
+    assert rc == 0, out[-4000:]
     assert re.search(r"COORDINATOR_DRIVER_ADDRESS=10\.77\.0\.1:\d+", out)  # the hosts' link
     assert "blacklisted host hostb" in out
     assert "membership 1: 1 kept, 0 leave, 1 new: hosta[0], hostc[0]" in out
