@@ -1130,18 +1130,26 @@ class Background:
     # ------------------------------------------------------------ shutdown
     def _begin_final(self, reason):
         self.stopping = True
+        # A round rank 0 has answered is still run here: its answer is on
+        # the way (rank 0 may have finished, say, a barrier and shut down
+        # before this rank read the answer). Any other round is dropped:
+        # rank 0 decides no more.
+        answered = (self.round is not None and self.round[1] is None
+                    and self.round[0] < self._answered)
+        if self.round is not None and not answered:
+            self.round = None
         # Collectives already started run to completion (every rank started
-        # them); everything else fails now.
-        running = {id(e) for op in self.executor.in_flight() for e in op.entries}
+        # them), and so do those the answered round may hold; everything
+        # else fails now, and what is left of those when the thread ends.
+        keep = {id(e) for op in self.executor.in_flight() for e in op.entries}
+        if answered:
+            keep |= {id(e) for e in self.sent.values()}
         self.queue.close_and_fail(lambda e: ShutdownError(
-            f"{e.describe()}: the coordinator has shut down ({reason})"), keep=running)
+            f"{e.describe()}: the coordinator has shut down ({reason})"), keep=keep)
         request = self.channel.barrier()
         self._final = (request, time.monotonic() + SHUTDOWN_TIMEOUT, reason)
         # A cycle in flight is left as it is: nothing reads it any more, and
         # MPI_Finalize does not wait for it (measured with Open MPI 5).
-        if self.round is not None and (self.round[1] is not None
-                                       or self.round[0] >= self._answered):
-            self.round = None  # rank 0 decides no more rounds
 
     def _final_turn(self):
         request, deadline, reason = self._final
@@ -1176,6 +1184,8 @@ class Background:
 
     def _finish_final(self, reason):
         self.channel.cancel_sends()
+        self.queue.fail_remaining(lambda e: ShutdownError(
+            f"{e.describe()}: the coordinator has shut down ({reason})"))
         self.finished = True
 
     # ------------------------------------------------------------ liveness

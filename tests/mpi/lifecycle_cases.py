@@ -84,3 +84,38 @@ def case_a_collective_every_rank_started_completes_through_a_shutdown(hvd):
     hvd.init()
     assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="revived"),
                  np.full(1, float(hvd.size())))
+
+
+def case_an_answered_round_completes_through_a_shutdown(hvd):
+    """Rank 0 finishes a barrier (a round) and shuts down before the last
+    rank has read the round's answer: the last rank's barrier still
+    completes (it used to fail with a ShutdownError, in 1 suite run of 6)."""
+    from coordinator import runtime
+    from coordinator.control_channel import TAG_ROUND_RESPONSE
+
+    last = hvd.size() - 1
+    if hvd.rank() != last:
+        hvd.barrier()
+        hvd.shutdown()
+    else:
+        bg = runtime.current().background
+        receive = bg.channel.receive
+        held = []
+
+        def receive_after_shutdown(tag):
+            # The answer is read only once the shutdown has begun here.
+            if tag == TAG_ROUND_RESPONSE and not bg.stopping:
+                held.append(tag)
+                return []
+            return receive(tag)
+
+        bg.channel.receive = receive_after_shutdown
+        try:
+            hvd.barrier()
+        finally:
+            bg.channel.receive = receive
+        assert held, "the answer came before the shutdown: nothing was tested"
+        hvd.shutdown()
+    hvd.init()
+    assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.round"),
+                 np.full(1, float(hvd.size())))
