@@ -279,6 +279,24 @@ def test_nccl_fused_allreduce_is_one_call_between_one_pack_and_one_unpack(host_k
         assert e.done_event is not None
 
 
+def test_nccl_runs_the_torus_only_where_the_mpi_torus_would(host_kernels, monkeypatch):
+    import types
+
+    ops, _ = _nccl_ops(host_kernels, monkeypatch)
+    response = _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM)
+    assert not ops._two_level(response)  # not asked for
+    layout = dict(local_size=2, cross_size=2, homogeneous=True)
+    ops.topology = types.SimpleNamespace(**layout)
+    assert ops._two_level(response)
+    # hosts of different sizes: a row's shares would not line up with the columns
+    ops.topology = types.SimpleNamespace(**dict(layout, homogeneous=False))
+    assert not ops._two_level(response)
+    ops.topology = types.SimpleNamespace(**dict(layout, cross_size=1))  # one host
+    assert not ops._two_level(response)
+    ops.topology = types.SimpleNamespace(**layout)
+    assert not ops._two_level(_response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.ADASUM))
+
+
 def test_a_revoke_aborts_nccl_and_the_next_operation_joins_with_a_new_id(host_kernels,
                                                                         monkeypatch):
     ops, nccl = _nccl_ops(host_kernels, monkeypatch)

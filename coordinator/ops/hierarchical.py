@@ -9,9 +9,8 @@ at the price of two extra intra-host steps.
 from mpi4py import MPI
 
 from coordinator.ops.mpi_ops import wait
-from coordinator.wire import pb
+from coordinator.ops.torus import REDUCIBLE
 
-REDUCIBLE = frozenset({pb.SUM, pb.AVERAGE, pb.MIN, pb.MAX, pb.PRODUCT})
 
 
 class HierarchicalAllreduce:

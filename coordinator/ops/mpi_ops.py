@@ -41,7 +41,8 @@ INT_MAX = 2 ** 31 - 1
 PIECE = 1 << 30
 ALLTOALL_TAG = 78
 P2P_TAG = 79
-# Tags of Create_group: 1-4 for the host-aware algorithms, SET_TAG + id for sets,
+# Tags of Create_group: 1-4 for the host-aware algorithms (5 and 6 for their
+# NCCL version's id exchange, nccl_ops), SET_TAG + id for sets,
 # DEVICE_SET_TAG + id for the sets' communicators of the device lanes.
 SET_TAG = 1000
 DEVICE_SET_TAG = 20000

@@ -43,7 +43,8 @@ runs it on the host (staging.py).
 
 Host-aware allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1 or
 HOROVOD_TORUS_ALLREDUCE=1, global set, several hosts of several ranks): the
-fusion buffer, padded to a multiple of the ranks per host, is
+fusion buffer, padded to a multiple of the ranks per host (the same on
+every host, as for the MPI torus), is
 reduce-scattered among the ranks of the host, each rank's share is
 allreduced among the ranks with its local rank on every host, and the
 shares are allgathered in the host (the 2D torus, as Horovod's NCCL
@@ -64,6 +65,7 @@ import numpy as np
 
 from coordinator import dtypes, gpu
 from coordinator.ops.device_fusion import Kernels, Tables
+from coordinator.ops import torus
 from coordinator.ops.mpi_ops import reducescatter_rows
 from coordinator.wire import pb
 
@@ -164,10 +166,10 @@ def _starts(counts):
     return out
 
 
-REDUCIBLE = frozenset({pb.SUM, pb.AVERAGE, pb.MIN, pb.MAX, pb.PRODUCT})
-# Create_group tags of the host-aware groups' MPI communicators (the MPI
-# strategies use 1 and 2 on the host lanes).
-LOCAL_TAG, CROSS_TAG = 3, 4
+# Create_group tags of the host-aware groups' MPI communicators (see
+# mpi_ops.SET_TAG; the MPI strategies use 1 to 4 on the host lanes, whose
+# groups can be made while these are, in another order on another rank).
+LOCAL_TAG, CROSS_TAG = 5, 6
 
 
 class NCCLOps:
@@ -282,10 +284,7 @@ class NCCLOps:
             self._line.remove(ticket)
 
     def _two_level(self, response):
-        topo = self.topology
-        return (topo is not None and response.process_set_id == 0
-                and response.reduce_op in REDUCIBLE
-                and topo.cross_size > 1 and topo.local_size > 1)
+        return self.topology is not None and torus.fits(response, self.topology)
 
     def _id_for_cupy(self, data):
         """CuPy 14 takes the id as bytes, older versions as a tuple of chars."""

@@ -24,6 +24,16 @@ def shares(n, parts):
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
+def fits(response, topology):
+    """Whether a response can run as a 2D torus (here or on NCCL): a
+    reduction of the global set, whose hosts are known, on several hosts of
+    the same number of ranks (the shares of a row must line up with the
+    columns)."""
+    return (response.process_set_id == 0 and response.reduce_op in REDUCIBLE
+            and topology.homogeneous and topology.local_size > 1
+            and topology.cross_size > 1)
+
+
 class TorusAllreduce:
     name = "torus"
 
@@ -34,9 +44,7 @@ class TorusAllreduce:
         self.calls = 0
 
     def applies(self, response):
-        topo = self.topology
-        return (response.process_set_id == 0 and response.reduce_op in REDUCIBLE
-                and topo.homogeneous and topo.local_size > 1 and topo.cross_size > 1)
+        return fits(response, self.topology)
 
     def allreduce_inplace(self, buf, mpi_type, mpi_op, names, begin, end):
         """A generator of non-blocking steps (see executor.py)."""
