@@ -202,28 +202,31 @@ class Runtime:
         self.buffers.clear()
 
 
+# Open MPI settings the coordinator relies on, unless the user set them:
+# - mpi_yield_when_idle: blocking calls yield the core while a rank waits
+#   for a late peer (measured: 1.17x -> 1.02x DDP's step time on 2 cores).
+# - coll_libnbc_iallreduce_algorithm=3 (Rabenseifner: reduce-scatter, then
+#   allgather): the collectives run non-blocking (executor.py), and for 2 or
+#   3 ranks libnbc's default picks a binomial tree that moves every byte
+#   twice: a 64 MiB allreduce in 4 MiB pieces took 21.5 ms that way against
+#   7.8 ms with MPI_Allreduce; with this setting 7.8 ms, the same.
+# - coll_libnbc_ireduce_algorithm=2, for hierarchical allreduce's Ireduce:
+#   libnbc's default chain advances one piece per test of the request; the
+#   binomial tree took a 64 MiB hierarchical allreduce on two hosts from
+#   2.8 s to 276 ms.
+MPI_DEFAULTS = {
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3",
+    "OMPI_MCA_coll_libnbc_ireduce_algorithm": "2",
+}
+
+
 def _mpi_defaults(environ):
-    """Open MPI settings the coordinator relies on, unless the user set them.
-
-    - mpi_yield_when_idle: blocking calls yield the core while a rank waits
-      for a late peer (measured: 1.17x -> 1.02x DDP's step time on 2 cores).
-    - coll_libnbc_iallreduce_algorithm=3 (Rabenseifner: reduce-scatter, then
-      allgather): the collectives run non-blocking (executor.py), and for 2
-      or 3 ranks libnbc's default picks a binomial tree that moves every
-      byte twice: a 64 MiB allreduce in 4 MiB pieces took 21.5 ms that way
-      against 7.8 ms with MPI_Allreduce; with this setting 7.8 ms, the same.
-    """
+    """Puts MPI_DEFAULTS in `environ` where the user set nothing; MPI reads
+    them when it starts."""
     _state["mpi_defaults"] = True
-    environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    environ.setdefault("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3")
-    # Hierarchical allreduce's Ireduce: libnbc's default chain advances one
-    # piece per test of the request; the binomial tree (2) took a 64 MiB
-    # hierarchical allreduce on two hosts from 2.8 s to 276 ms.
-    environ.setdefault("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2")
-
-
-MPI_DEFAULTS = ("OMPI_MCA_mpi_yield_when_idle", "OMPI_MCA_coll_libnbc_iallreduce_algorithm",
-                "OMPI_MCA_coll_libnbc_ireduce_algorithm")
+    for name, value in MPI_DEFAULTS.items():
+        environ.setdefault(name, value)
 
 
 def _note_missing_defaults(environ):
