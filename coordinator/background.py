@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 from coordinator import dtypes
 from coordinator.control_channel import (TAG_REQUEST, TAG_RESPONSE, TAG_ROUND,
                                          TAG_ROUND_RESPONSE, peer_failure)
@@ -36,6 +38,7 @@ from coordinator.controller import CACHEABLE, Controller
 from coordinator.errors import (HorovodInternalError, RankFailedError, ShutdownError,
                                 StallError, TensorMismatchError)
 from coordinator.executor import Executor, Operation
+from coordinator.fusion import copy_scaled
 from coordinator.liveness import describe_dead
 from coordinator.negotiation import (FLAG_CLASSIC, FLAG_FRESH, FLAG_PENDING, FLAG_REPORT,
                                      SlotTable, complete_groups, plan_ready)
@@ -86,6 +89,10 @@ CYCLE_BACKOFF_MAX = 500e-6
 # The longest a rank holds its next cycle back while its GPU lane is busy
 # (see _holding_for_device).
 DEVICE_HOLD_MAX = 1.0
+
+
+# How riders (tensors carried in the cycle) show on a timeline.
+_RIDERS = pb.Response(op=pb.ALLREDUCE)
 
 
 def _plans_of(responses, entries):
@@ -159,10 +166,11 @@ class Background:
         self.is_coordinator = self.rank == 0
         self.cache = WorkerCache()
         self.cache_enabled = cfg.cache_capacity > 0
-        self.slots = SlotTable(cfg.cache_capacity)
+        self.slots = SlotTable(cfg.cache_capacity, cfg.cycle_payload_bytes // 8)
         self.spin_waited = waited_spin_budget(parts.colocated, _cpus())
         # Negotiation state (negotiation.py).
         self.fast = {}  # slot -> entry waiting for a cycle
+        self._riding = {}  # slot -> entry whose data the cycle in flight carries
         self._held_since = None  # when this rank began holding a cycle for its GPU lane
         self.classic = []  # global-set entries to describe in the next round
         self.stream = []  # other sets' entries to describe to rank 0 now
@@ -230,7 +238,7 @@ class Background:
         self._next_watch = 0.0
         self._pinged = False  # rank 0 asked for a report
         self.stats = {"cached_requests": 0, "full_requests": 0, "responses": 0,
-                      "cycle_runs": 0}
+                      "cycle_runs": 0, "riders": 0}
         self.thread = threading.Thread(target=self._main, name="coordinator-background",
                                        daemon=True)
 
@@ -345,7 +353,6 @@ class Background:
                 continue
             slot = self._slot_for(e)
             if slot is not None:
-                e.cache_id = self.cache.lookup(e.key, e.signature())
                 self.fast[slot] = e
                 self.cycle.set(slot)
                 e.since = now
@@ -383,12 +390,15 @@ class Background:
         self.queue.complete(e, error=kind(resp.error))
 
     def _slot_for(self, e):
-        """The cycle slot of a cached global-set entry, or None (it waits for
-        a round)."""
+        """The cycle slot of a cached global-set entry, whose cache id it
+        records, or None (it waits for a round)."""
         if not self.params["fast"] or e.rejected or e.op not in CACHEABLE or e.key[0] != 0:
             return None
         cache_id = self.cache.lookup(e.key, e.signature())
-        return self.slots.slot(cache_id) if cache_id else None
+        slot = self.slots.slot(cache_id) if cache_id else None
+        if slot is not None:
+            e.cache_id = cache_id
+        return slot
 
     # --------------------------------------------------------- negotiation
     def _negotiate(self):
@@ -396,7 +406,9 @@ class Background:
             return self._round_turn()
         if self.cycle.in_flight:
             result = self.cycle.test()
-            return result is not None and self._cycle_done(*result)
+            if result is None:
+                return self.cycle.moved  # the bits are in; the payload follows
+            return self._cycle_done(*result)
         now = time.monotonic()
         if self._post_due(now):
             self._post(now)
@@ -463,7 +475,23 @@ class Background:
         self._fresh = False
         self._woken = False
         self._gap_until = now + self._cycle_gap
+        self._load_riders()
         self.cycle.post(flags, now, self.slots.digest)
+
+    def _load_riders(self):
+        """Copies the data of the riders waiting here into the cycle's
+        payload (negotiation.py): those set everywhere complete with the
+        cycle, without a collective of their own."""
+        layout = self.slots.layout
+        payload = self.cycle.payload_out(self.slots.payload_size if layout else 0)
+        riding = {}
+        if layout:
+            for slot, e in self.fast.items():
+                where = layout.get(slot)
+                if where is not None and not e.done:  # (a failed one is skipped)
+                    payload[where[0]:where[0] + where[1]] = e.tensor.reshape(-1)
+                    riding[slot] = e
+        self._riding = riding
 
     def _cycle_done(self, ready, flags, agree, partial):
         """Runs what the cycle found ready on every rank; starts a round if
@@ -475,11 +503,13 @@ class Background:
             self._die(HorovodInternalError(
                 f"rank {self.rank}: the ranks' negotiation cycle slots disagree (slot digest "
                 f"{self.slots.digest:#x}); running the cycle would combine different tensors, "
-                "so the coordinator stops (a bug: please report it)"))
+                "so the coordinator stops (COORDINATOR_CYCLE_PAYLOAD_BYTES differs between "
+                "ranks, or a bug: please report it)"))
             return True
         self.flags = flags
         self._more = bool(flags & FLAG_PENDING) or partial
-        moved = self._run_ready(ready) if ready else False
+        riding, self._riding = self._riding, {}
+        moved = self._run_ready(ready, riding) if ready else False
         if flags & (FLAG_CLASSIC | FLAG_REPORT):
             self._start_round(bool(flags & FLAG_REPORT))
             moved = True
@@ -491,35 +521,71 @@ class Background:
         self._next_post = time.monotonic() + self._cycle_backoff
         return True
 
-    def _run_ready(self, ready):
-        entries = complete_groups([self.fast[slot] for slot in ready if slot in self.fast
-                                   and not self.fast[slot].done])
-        if not entries:
+    def _run_ready(self, ready, riding):
+        riders, waiting = [], []
+        for slot in ready:
+            e = self.fast.get(slot)
+            if e is not None and not e.done:
+                (riders if riding.get(slot) is e else waiting).append(e)
+        entries = complete_groups(waiting)
+        if not entries and not riders:
             return False
         params = self.params
         responses = plan_ready(entries, params["fusion_threshold"], params["pack_limit"])
+        self._unwait(riders + entries)
+        self.stats["cycle_runs"] += len(responses)
+        if self.is_coordinator and self.timeline.enabled:
+            # What rank 0 saw of these negotiations: its own arrival, and the
+            # cycle that found them everywhere (rounds record every rank's).
+            for e in riders + entries:
+                shown = display_name(e.key[0], e.name)
+                self.timeline.negotiate_start(shown, e.op, None, e.submit_time)
+                self.timeline.negotiate_rank_ready(shown, 0, e.submit_time)
+                self.timeline.negotiate_end(shown)
+        if riders:
+            self._land(riders)
+        if self.autotuner is not None and responses:
+            self.autotuner.observe(_plans_of(responses, entries))
+        for resp in responses:
+            self._execute(resp)
+        return True
+
+    def _unwait(self, entries):
+        """Entries a cycle runs leave their slots."""
         for e in entries:
             slot = self.slots.slot(e.cache_id)
             del self.fast[slot]
             self.cycle.clear(slot)
             if e.reported and self.is_coordinator:
                 self.controller.forget(e.key)
-            elif e.reported:
-                pass  # rank 0 forgets it at the same point
-        self.stats["cycle_runs"] += len(responses)
-        if self.is_coordinator and self.timeline.enabled:
-            # What rank 0 saw of these negotiations: its own arrival, and the
-            # cycle that found them everywhere (rounds record every rank's).
-            for e in entries:
-                shown = display_name(e.key[0], e.name)
-                self.timeline.negotiate_start(shown, e.op, None, e.submit_time)
-                self.timeline.negotiate_rank_ready(shown, 0, e.submit_time)
-                self.timeline.negotiate_end(shown)
-        if self.autotuner is not None:
-            self.autotuner.observe(_plans_of(responses, entries))
-        for resp in responses:
-            self._execute(resp)
-        return True
+            # (a worker's reported entry: rank 0 forgets it at the same point)
+
+    def _land(self, riders):
+        """Completes riders from the cycle's payload: the sum of every rank's
+        data, in float64, scaled as an allreduce scales it. Integers come
+        back through int64, so an overflow wraps as MPI's sum would; a
+        float32 sum is rounded once (for two ranks exactly MPI's result, for
+        more at most as far from the exact sum)."""
+        sums = self.cycle.payload
+        layout = self.slots.layout
+        traced = self.timeline.enabled  # on some ranks only: cycles run where it is off
+        if traced:
+            shown = [display_name(0, e.name) for e in riders]
+            self.timeline.op_start(shown, _RIDERS, riders)
+        results = []
+        for e in riders:
+            offset, count = layout[self.slots.slot(e.cache_id)]
+            part = sums[offset:offset + count]
+            out = e.output if e.output is not None else np.empty(e.shape, e.dtype_info.dtype)
+            if out.dtype.kind in "iu":
+                part = part.astype(np.int64)
+            divisor = self.size if e.reduce_op == pb.AVERAGE else 1
+            copy_scaled(part, out.reshape(-1), e.postscale, divisor)
+            results.append(out)
+        self.stats["riders"] += len(riders)
+        if traced:
+            self.timeline.op_end(shown)
+        self._complete(riders, results)
 
     # -------------------------------------------------------------- rounds
     def _start_round(self, report):
@@ -1144,6 +1210,13 @@ class Background:
         keep = {id(e) for op in self.executor.in_flight() for e in op.entries}
         if answered:
             keep |= {id(e) for e in self.sent.values()}
+        if self.cycle.in_flight:
+            # The riders of a cycle in flight: where every rank posted it,
+            # the others take their results from it (and may be done and
+            # shutting down already), so they complete here too.
+            keep |= {id(e) for e in self._riding.values()}
+        else:
+            self._riding = {}
         self.queue.close_and_fail(lambda e: ShutdownError(
             f"{e.describe()}: the coordinator has shut down ({reason})"), keep=keep)
         request = self.channel.barrier()
@@ -1158,6 +1231,8 @@ class Background:
         drained = bool(self.channel.receive(tag))
         if self.round is not None:  # rank 0's answer to a round: run its operations
             drained |= self._round_turn()
+        if self._riding:
+            drained |= self._final_cycle()
         self.channel.progress()
         if self.executor:
             drained |= self._progress()
@@ -1167,7 +1242,7 @@ class Background:
             # once; what some never started (a round's answer they dropped)
             # never will.
             self._final_grace = now + FINAL_GRACE
-        settled = not self.executor and self.round is None
+        settled = not self.executor and self.round is None and not self._riding
         if self._final_grace is not None and (settled or now > self._final_grace):
             for op in self.executor.abandon():
                 self._failed(op.response, op.entries, ShutdownError(
@@ -1181,6 +1256,22 @@ class Background:
                     f"the coordinator shut down ({reason}) before it completed"))
             self._finish_final(reason)
         return drained
+
+    def _final_cycle(self):
+        """Reads the cycle in flight at shutdown for its riders alone (what
+        else it found ready is not started any more)."""
+        result = self.cycle.test()
+        if result is None:
+            return self.cycle.moved
+        ready, _flags, agree, _partial = result
+        riding, self._riding = self._riding, {}
+        if agree:
+            riders = [riding[slot] for slot in ready if slot in riding
+                      and self.fast.get(slot) is riding[slot] and not riding[slot].done]
+            if riders:
+                self._unwait(riders)
+                self._land(riders)
+        return True
 
     def _finish_final(self, reason):
         self.channel.cancel_sends()

@@ -70,6 +70,11 @@ class Config:
     # Fused allreduce tensors of at least this many bytes are reduced in place
     # rather than copied through the fusion buffer (0: copy all).
     pack_limit: int = 128 * 1024
+    # Bytes of tiny tensors' data each negotiation cycle may carry itself,
+    # saving their own collective (negotiation.py, riders; 0: none). Every
+    # rank must use the same value (a difference stops the job at its first
+    # cycle, as a slot disagreement).
+    cycle_payload_bytes: int = 2048
     # Fixes the number of ranks per simulated host (0: ask MPI).
     local_size_override: int = 0
     # How often an idle background thread wakes to look for control
@@ -105,6 +110,8 @@ class Config:
             dynamic_process_sets=_bool(env, "HOROVOD_DYNAMIC_PROCESS_SETS", False),
             segment_bytes=_number(env, "COORDINATOR_SEGMENT_BYTES", cls.segment_bytes, int, 0),
             pack_limit=_number(env, "COORDINATOR_PACK_LIMIT", cls.pack_limit, int, 0),
+            cycle_payload_bytes=_number(env, "COORDINATOR_CYCLE_PAYLOAD_BYTES",
+                                        cls.cycle_payload_bytes, int, 0),
             local_size_override=_number(env, "COORDINATOR_SIMULATED_LOCAL_SIZE", 0, int, 0),
             idle_poll_interval=_number(env, "COORDINATOR_IDLE_POLL_SECONDS",
                                        cls.idle_poll_interval, float, 0.001),

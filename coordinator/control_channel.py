@@ -79,60 +79,129 @@ class Cycle:
     rank sent the same digest), and of a word of flags stored inverted, so
     that every rank learns the slots set everywhere, whether some slot is
     set somewhere but not everywhere, whether the digests agree, and the
-    flags set anywhere."""
+    flags set anywhere.
 
-    def __init__(self, comm, slots):
+    Beside it, on a communicator of its own, an optional *payload*: a sum
+    allreduce of float64 words that carries tiny tensors' data in the same
+    round trip (negotiation.py, riders). Its sums mean something only for
+    the slots set everywhere; the caller uses them for those alone."""
+
+    def __init__(self, comm, slots, payload_comm=None):
         self.comm = comm
+        self.payload_comm = payload_comm
         words = (slots + 63) // 64
-        self.bits = np.zeros(words, np.uint64)  # this rank's, kept up to date
+        self._words = words
+        self._mask = (1 << (64 * words)) - 1
+        self.bits = 0  # this rank's, one per slot, kept up to date
         self._send = np.zeros(2 * words + 3, np.uint64)
         self._recv = np.zeros(2 * words + 3, np.uint64)
+        self._payload_send = np.zeros(0, np.float64)
+        self._payload_recv = np.zeros(0, np.float64)
+        self._payload_words = 0
         self._digest = 0
         self._request = None
+        self._payload_request = None
+        self._result = None  # the bits' outcome, while the payload is in flight
+        self.moved = False
         self.posted_at = None
         self.cycles = 0
         self.bytes = 0
 
     @property
     def in_flight(self):
-        return self._request is not None
+        return self._request is not None or self._payload_request is not None
 
     def set(self, slot):
-        self.bits[slot >> 6] |= np.uint64(1 << (slot & 63))
+        self.bits |= 1 << slot
 
     def clear(self, slot):
-        self.bits[slot >> 6] &= ~np.uint64(1 << (slot & 63))
+        self.bits &= ~(1 << slot)
+
+    def payload_out(self, words):
+        """The zeroed send buffer of the next cycle's payload (`words` float64
+        words; 0: no payload): the caller fills it before `post`."""
+        if len(self._payload_send) < words:
+            self._payload_send = np.zeros(words, np.float64)
+            self._payload_recv = np.zeros(words, np.float64)
+        self._payload_words = words
+        out = self._payload_send[:words]
+        out.fill(0.0)
+        return out
+
+    @property
+    def payload(self):
+        """The last completed cycle's payload sums."""
+        return self._payload_recv[:self._payload_words]
 
     def post(self, flags, now, digest=0):
-        words = len(self.bits)
-        self._send[:words] = self.bits
-        np.invert(self.bits, out=self._send[words:2 * words])
-        self._send[2 * words] = np.uint64(digest)
-        self._send[2 * words + 1] = ~np.uint64(digest)
-        self._send[-1] = ~np.uint64(flags)
+        # Little-endian words: bit k of the int is bit k % 64 of word k // 64.
+        words, mask = self._words, self._mask
+        ones = 2 ** 64 - 1
+        self._send[:] = np.frombuffer(
+            self.bits.to_bytes(8 * words, "little")
+            + (~self.bits & mask).to_bytes(8 * words, "little")
+            + (digest & ones).to_bytes(8, "little") + (~digest & ones).to_bytes(8, "little")
+            + (~flags & ones).to_bytes(8, "little"), "<u8")
         self._digest = digest
+        self._result = None
         self._request = self.comm.Iallreduce(self._send, self._recv, MPI.BAND)
-        self.posted_at = now
         self.bytes += self._send.nbytes
+        if self._payload_words:
+            n = self._payload_words
+            self._payload_request = self.payload_comm.Iallreduce(
+                self._payload_send[:n], self._payload_recv[:n], MPI.SUM)
+            self.bytes += 8 * n
+        self.posted_at = now
 
     def test(self):
         """None while in flight; then (slots set on every rank, flags set on
         any rank, whether every rank posted the same digest, whether some
-        slot was set on some ranks only)."""
-        if not self._request.Test():
-            return None
-        self._request = None
+        slot was set on some ranks only). Ranks whose digests disagree are
+        told at once, without waiting for the payload. `moved` says whether
+        this call completed the bits (the payload may still be in flight)."""
+        self.moved = False
+        if self._request is not None:
+            if not self._request.Test():
+                return None
+            self._request = None
+            self._result = self._outcome()
+            self.moved = True
+        if self._payload_request is not None and self._result[2]:
+            if not self._payload_request.Test():
+                return None
+            self._payload_request = None
+        result, self._result = self._result, None
         self.posted_at = None
         self.cycles += 1
-        words = len(self.bits)
-        everywhere = self._recv[:words]
-        ready = np.flatnonzero(np.unpackbits(everywhere.view(np.uint8), bitorder="little"))
+        return result
+
+    def _outcome(self):
+        words, ones = self._words, 2 ** 64 - 1
+        raw = self._recv.astype("<u8", copy=False).tobytes()
+        everywhere = int.from_bytes(raw[:8 * words], "little")
         # ~AND(~bits) is the OR: set somewhere. Somewhere but not everywhere:
         # some rank waits for the others to submit.
-        partial = bool(np.any(~self._recv[words:2 * words] & ~everywhere))
-        agree = (int(self._recv[2 * words]) == self._digest
-                 and int(~self._recv[2 * words + 1]) == self._digest)
-        return ready.tolist(), int(~self._recv[-1]), agree, partial
+        somewhere = ~int.from_bytes(raw[8 * words:16 * words], "little") & self._mask
+        partial = bool(somewhere & ~everywhere)
+        digest = int.from_bytes(raw[16 * words:16 * words + 8], "little")
+        complement = int.from_bytes(raw[16 * words + 8:16 * words + 16], "little")
+        agree = digest == self._digest & ones and ~complement & ones == self._digest & ones
+        flags = ~int.from_bytes(raw[-8:], "little") & ones
+        return _set_bits(everywhere), flags, agree, partial
+
+
+def _set_bits(value):
+    """The positions of the set bits of a non-negative int, ascending."""
+    if value.bit_count() > 32:  # many: one NumPy pass beats a Python loop
+        data = np.frombuffer(value.to_bytes((value.bit_length() + 7) // 8, "little"),
+                             np.uint8)
+        return np.flatnonzero(np.unpackbits(data, bitorder="little")).tolist()
+    found = []
+    while value:
+        low = value & -value
+        found.append(low.bit_length() - 1)
+        value ^= low
+    return found
 
 
 _PEER_FAILURES = {MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED}
@@ -190,10 +259,11 @@ class Transport:
         return comm
 
     def cycle(self, slots):
-        """The negotiation cycle, on a communicator of its own."""
-        comm = self.base.Dup()
-        self.made.append(comm)
-        return Cycle(comm, slots)
+        """The negotiation cycle, on a communicator of its own (and its
+        payload on another)."""
+        comm, payload = self.base.Dup(), self.base.Dup()
+        self.made += [comm, payload]
+        return Cycle(comm, slots, payload)
 
     def revoke(self):
         """After a peer died: releases everyone still waiting on this job's

@@ -39,6 +39,9 @@ an idle rank post).
 import heapq
 import zlib
 
+import numpy as np
+
+from coordinator import dtypes
 from coordinator.response_cache import float_key
 from coordinator.wire import pb
 
@@ -56,21 +59,62 @@ FLAG_REPORT = 4
 FLAG_FRESH = 8
 
 
+# Riders: tiny allreduces whose data travels in the cycle itself (see
+# `SlotTable.layout`): at most this many elements each, of these dtypes, all
+# exact in float64.
+RIDER_ELEMENTS = 16
+RIDER_DTYPES = frozenset(
+    dtypes.BY_DTYPE[np.dtype(t)].wire
+    for t in ("float32", "float64", "int8", "int16", "int32", "uint8"))
+
+
+def rider_elements(signature):
+    """The element count of a cached tensor that can ride in the cycle: a
+    Sum or Average allreduce of the global set, on the CPU, ungrouped,
+    without a prescale, of a dtype that float64 holds exactly, with at most
+    RIDER_ELEMENTS elements. None for any other tensor."""
+    if signature is None:
+        return None
+    (op, dtype, shape, reduce_op, _root, prescale, _post, pset, on_gpu, group,
+     _group_size) = signature
+    if (op != pb.ALLREDUCE or reduce_op not in (pb.SUM, pb.AVERAGE) or pset != 0 or on_gpu
+            or group or prescale != 1.0 or dtype not in RIDER_DTYPES):
+        return None
+    count = 1
+    for d in shape:
+        count *= d
+    return count if 0 < count <= RIDER_ELEMENTS else None
+
+
 class SlotTable:
     """Cache id -> slot for the global set's cached tensors. Every rank
     applies the same evictions and assignments in the same order (at rounds)
     and takes the lowest free slot, so slots agree everywhere.
 
     `digest` sums up what sits in which slot (XOR of a 64-bit value per slot,
-    from the slot, the tensor's name and its description). Every cycle
-    checks that it is the same on every rank before running anything: a
-    disagreement would reduce different tensors together."""
+    from the slot, the tensor's name and its description, and of the
+    payload's capacity). Every cycle checks that it is the same on every rank
+    before running anything: a disagreement would reduce different tensors
+    together.
 
-    def __init__(self, capacity):
+    `layout` places the riders (`rider_elements`) in the cycle's payload:
+    slot -> (offset, count) in float64 words, in slot order, as many as fit
+    in `payload_words`. It follows from what sits in which slot, so it is the
+    same wherever the digest is."""
+
+    def __init__(self, capacity, payload_words=0):
         self.capacity = capacity
+        self.payload_words = payload_words
         self._free = list(range(capacity))
         self._by_id = {}  # cache id -> (slot, its digest value)
-        self.digest = 0
+        self._xor = 0
+        self._riders = {}  # slot -> element count, for every rider in a slot
+        self.layout = {}
+        self.payload_size = 0  # words of the payload in use
+
+    @property
+    def digest(self):
+        return self._xor ^ (self.payload_words * 0x9E3779B97F4A7C15 & (2 ** 64 - 1))
 
     def assign(self, cache_id, key=None, signature=None):
         item = self._by_id.get(cache_id)
@@ -82,7 +126,11 @@ class SlotTable:
         text = repr((key, signature)).encode("utf-8", "backslashreplace")
         value = (zlib.crc32(text) << 32 | zlib.crc32(text[::-1]) ^ slot) & (2 ** 64 - 1)
         self._by_id[cache_id] = (slot, value)
-        self.digest ^= value
+        self._xor ^= value
+        count = rider_elements(signature) if self.payload_words else None
+        if count is not None:
+            self._riders[slot] = count
+            self._lay_out()
         return slot
 
     def release(self, cache_id):
@@ -90,8 +138,19 @@ class SlotTable:
         if item is None:
             return None
         heapq.heappush(self._free, item[0])
-        self.digest ^= item[1]
+        self._xor ^= item[1]
+        if self._riders.pop(item[0], None) is not None:
+            self._lay_out()
         return item[0]
+
+    def _lay_out(self):
+        layout, offset = {}, 0
+        for slot in sorted(self._riders):
+            count = self._riders[slot]
+            if offset + count <= self.payload_words:
+                layout[slot] = (offset, count)
+                offset += count
+        self.layout, self.payload_size = layout, offset
 
     def slot(self, cache_id):
         item = self._by_id.get(cache_id)

@@ -1,0 +1,117 @@
+"""The cycle's slot table without MPI: which cached tensors ride in the
+cycle's payload, where, and what the digest covers."""
+
+import numpy as np
+
+from coordinator.negotiation import RIDER_ELEMENTS, SlotTable, rider_elements
+from coordinator.response_cache import request_signature
+from coordinator.wire import pb
+
+F32, F64, I32, I64, F16 = pb.FLOAT32, pb.FLOAT64, pb.INT32, pb.INT64, pb.FLOAT16
+
+
+def sig(shape=(4,), dtype=F32, op=pb.ALLREDUCE, reduce_op=pb.SUM, prescale=1.0,
+        postscale=1.0, pset=0, device=-1, group="", group_size=0):
+    return request_signature(op, dtype, shape, reduce_op, 0, prescale, postscale, pset,
+                             device, group, group_size)
+
+
+def test_small_sum_and_average_allreduces_of_exact_dtypes_ride():
+    assert rider_elements(sig()) == 4
+    assert rider_elements(sig(shape=())) == 1
+    assert rider_elements(sig(shape=(4, 4), dtype=F64, reduce_op=pb.AVERAGE)) == 16
+    assert rider_elements(sig(dtype=I32, postscale=0.5)) == 4
+
+
+def test_what_float64_would_change_or_the_cycle_cannot_hold_does_not_ride():
+    assert rider_elements(sig(shape=(RIDER_ELEMENTS + 1,))) is None
+    assert rider_elements(sig(shape=(0,))) is None
+    assert rider_elements(sig(dtype=I64)) is None  # not exact in float64
+    assert rider_elements(sig(dtype=F16)) is None  # rounded per rank otherwise
+    assert rider_elements(sig(reduce_op=pb.MIN)) is None
+    assert rider_elements(sig(reduce_op=pb.ADASUM)) is None
+    assert rider_elements(sig(prescale=2.0)) is None
+    assert rider_elements(sig(op=pb.BROADCAST)) is None
+    assert rider_elements(sig(pset=1)) is None
+    assert rider_elements(sig(device=0)) is None
+    assert rider_elements(sig(group="g", group_size=2)) is None
+    assert rider_elements(sig(prescale=float("nan"))) is None
+    assert rider_elements(None) is None
+
+
+def test_riders_are_laid_out_in_slot_order_as_far_as_the_payload_holds():
+    table = SlotTable(8, payload_words=8)
+    table.assign(1, ("", "a"), sig(shape=(3,)))  # slot 0
+    table.assign(2, ("", "big"), sig(shape=(100,)))  # slot 1: no rider
+    table.assign(3, ("", "b"), sig(shape=(4,)))  # slot 2
+    table.assign(4, ("", "c"), sig(shape=(2,)))  # slot 3: does not fit
+    assert table.layout == {0: (0, 3), 2: (3, 4)}
+    assert table.payload_size == 7
+    table.release(1)  # slot 0 freed: c moves up
+    assert table.layout == {2: (0, 4), 3: (4, 2)}
+    assert table.payload_size == 6
+    table.assign(5, ("", "d"), sig(shape=(1,)))  # takes slot 0 again
+    assert table.layout == {0: (0, 1), 2: (1, 4), 3: (5, 2)}
+
+
+def test_no_payload_no_riders():
+    table = SlotTable(8, payload_words=0)
+    table.assign(1, ("", "a"), sig())
+    assert table.layout == {} and table.payload_size == 0
+
+
+def test_the_digest_covers_the_payload_size_and_every_slot():
+    a, b = SlotTable(8, payload_words=256), SlotTable(8, payload_words=128)
+    assert a.digest != b.digest  # ranks configured differently disagree at once
+    c = SlotTable(8, payload_words=256)
+    assert a.digest == c.digest
+    a.assign(1, ("", "x"), sig())
+    assert a.digest != c.digest
+    c.assign(1, ("", "x"), sig(shape=(5,)))
+    assert a.digest != c.digest
+    a.release(1)
+    c.release(1)
+    assert a.digest == c.digest
+
+
+def test_slots_agree_when_every_rank_applies_the_same_changes():
+    tables = [SlotTable(4, payload_words=16) for _ in range(3)]
+    for t in tables:
+        for cid, shape in ((1, (2,)), (2, (40,)), (3, ())):
+            t.assign(cid, ("", str(cid)), sig(shape=shape))
+        t.release(2)
+        t.assign(9, ("", "9"), sig(shape=(16,)))
+    assert len({(t.digest, tuple(sorted(t.layout.items()))) for t in tables}) == 1
+    assert np.all([t.slot(9) == 1 for t in tables])
+
+
+def test_the_cycles_set_bits_are_found_sparse_or_dense():
+    from coordinator.control_channel import _set_bits
+
+    assert _set_bits(0) == []
+    for positions in ([0], [63], [64], [0, 63, 64, 127, 1023], list(range(0, 1024, 7)),
+                      list(range(200))):
+        value = sum(1 << p for p in positions)
+        assert _set_bits(value) == positions, positions[:5]
+
+
+def test_a_cycle_reads_back_what_one_rank_posted():
+    """The cycle's words on one rank (MPI's AND of one contribution is the
+    contribution): the bits, the OR through the complement, the digest check
+    and the flags survive the encoding."""
+    from mpi4py import MPI
+
+    from coordinator.control_channel import Cycle
+
+    cycle = Cycle(MPI.COMM_SELF.Dup(), 1024, MPI.COMM_SELF.Dup())
+    for slot in (0, 5, 64, 1000, 1023):
+        cycle.set(slot)
+    cycle.clear(5)
+    cycle.payload_out(0)
+    cycle.post(flags=0b1011, now=0.0, digest=0xFEDCBA9876543210)
+    result = None
+    while result is None:
+        result = cycle.test()
+    ready, flags, agree, partial = result
+    assert ready == [0, 64, 1000, 1023]
+    assert flags == 0b1011 and agree and not partial
