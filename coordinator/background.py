@@ -86,6 +86,9 @@ NEGOTIATION = "(a negotiation cycle)"
 # ranks wait for each other without a busy loop of collectives.
 CYCLE_BACKOFF_MIN = 20e-6
 CYCLE_BACKOFF_MAX = 500e-6
+# While rank 0 holds in a round a cached tensor that other ranks may hold in
+# the cycle, it asks for a report at most this often (see _post).
+CYCLE_REPORT_GAP = 5e-3
 # The longest a rank holds its next cycle back while its GPU lane is busy
 # (see _holding_for_device).
 DEVICE_HOLD_MAX = 1.0
@@ -190,6 +193,7 @@ class Background:
         self._cycle_gap = self.config.cycle_time_ms / 1000.0
         self._gap_until = 0.0
         self._cycle_backoff = 0.0
+        self._next_cycle_report = 0.0
         self._report_after = (cfg.stall_check_time / 2
                               if cfg.stall_check_time > 0 and not cfg.stall_check_disable
                               else float("inf"))
@@ -472,6 +476,13 @@ class Background:
         if self.fast and any(now - e.since >= self._report_after and not e.reported
                              for e in self.fast.values()):
             flags |= FLAG_REPORT
+        if (self.is_coordinator and self.params["fast"] and now >= self._next_cycle_report
+                and self.controller.waits_on_cycles()):
+            # Some ranks may hold in the cycle what the others described in
+            # a round (Controller.waits_on_cycles): a report brings them
+            # together, at most every CYCLE_REPORT_GAP seconds.
+            flags |= FLAG_REPORT
+            self._next_cycle_report = now + CYCLE_REPORT_GAP
         self._fresh = False
         self._woken = False
         self._gap_until = now + self._cycle_gap

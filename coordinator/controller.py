@@ -380,6 +380,25 @@ class Controller:
         return any(in_rounds(n.representative().op, n.process_set_id)
                    for n in self._pending.values())
 
+    def waits_on_cycles(self):
+        """Whether a global-set negotiation waits for ranks while its tensor
+        is cached under the same description. Those ranks may hold it in the
+        negotiation cycle: ranks take a cached tensor for the cycle or for a
+        round by the parameters they hold at that moment, so when cycles are
+        switched back on (the timeline stopped, every rank joined), a rank
+        that took it just before the switch describes it in a round and a
+        rank that took it just after sets its cycle bit, and neither path
+        can complete. A report round brings the cycle's copies here."""
+        if not self.cache.enabled:
+            return False
+        for neg in self._pending.values():
+            if neg.process_set_id != 0 or neg.group is not None:
+                continue
+            req = neg.representative()
+            if req.op in CACHEABLE and self.cache.holds(0, req):
+                return True
+        return False
+
     def joined(self):
         """Whether some rank has joined (and not every rank yet)."""
         return bool(self._joined)
