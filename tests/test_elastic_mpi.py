@@ -296,11 +296,14 @@ def test_on_real_hosts_a_lost_worker_is_replaced_on_another_host(three_hosts, tm
         return proc.returncode, out
 
     rc, out = run()
-    if rc != 0 and PRRTE_SPAWN_CRASH in out:
+    for _ in range(2):
+        if rc == 0 or PRRTE_SPAWN_CRASH not in out:
+            break
         # PRRTE 3.0.14's launcher itself crashed while spawning the new
-        # worker (1 suite run in 5 here, 0 of 4 runs alone; README,
-        # "Elastic training"): not ours to fix, so one more try.
-        print(f"prterun crashed during the spawn; trying once more:\n{out[-1500:]}")
+        # worker (in 2 of 7 suite runs here, once twice in a row; 0 of 8
+        # runs alone; README, "Elastic training"): not ours to fix, so
+        # up to two more tries.
+        print(f"prterun crashed during the spawn; trying again:\n{out[-1500:]}")
         rc, out = run()
     assert rc == 0, out[-4000:]
     assert re.search(r"COORDINATOR_DRIVER_ADDRESS=10\.77\.0\.1:\d+", out)  # the hosts' link
