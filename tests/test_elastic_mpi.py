@@ -300,7 +300,7 @@ def test_on_real_hosts_a_lost_worker_is_replaced_on_another_host(three_hosts, tm
         if rc == 0 or PRRTE_SPAWN_CRASH not in out:
             break
         # PRRTE 3.0.14's launcher itself crashed while spawning the new
-        # worker (in 2 of 7 suite runs here, once twice in a row; 0 of 8
+        # worker (in 2 of 11 suite runs here, once twice in a row; 0 of 8
         # runs alone; README, "Elastic training"): not ours to fix, so
         # up to two more tries.
         print(f"prterun crashed during the spawn; trying again:\n{out[-1500:]}")
