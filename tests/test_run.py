@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from coordinator import launcher_watch, run
+from mpi_harness import launcher_failed
 from coordinator.launcher_watch import EXIT_WITH_LAUNCHER
 from coordinator.run import HYDRA, OPEN_MPI, Launcher, LauncherNotFound
 
@@ -464,9 +465,15 @@ def coordrun_env():
 
 
 def coordrun(*argv, timeout=TIMEOUT):
-    return subprocess.run([sys.executable, "-m", "coordinator.run", *argv],
-                          env=coordrun_env(), capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    """Runs coordrun; once more when Open MPI's launcher failed to start
+    before any rank ran (mpi_harness.LAUNCHER_FAILURES)."""
+    for attempt in (1, 2):
+        proc = subprocess.run([sys.executable, "-m", "coordinator.run", *argv],
+                              env=coordrun_env(), capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT)
+        if (proc.returncode == 0 or attempt == 2
+                or not launcher_failed(proc.stdout + proc.stderr)):
+            return proc
 
 
 def rank_reports(stdout):
