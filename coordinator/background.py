@@ -494,7 +494,7 @@ class Background:
         payload (negotiation.py): those set everywhere complete with the
         cycle, without a collective of their own."""
         layout = self.slots.layout
-        payload = self.cycle.payload_out(self.slots.payload_size if layout else 0)
+        payload = self.cycle.payload_out(self.slots.payload_size)
         riding = {}
         if layout:
             for slot, e in self.fast.items():
@@ -510,6 +510,7 @@ class Background:
         waits: for a round's answer (PENDING), or for a slot the others have
         not set (`partial`). A cycle that ran everything anyone had submitted
         is the last one, so a step costs one cycle, not two."""
+        riding, self._riding = self._riding, {}
         if not agree:
             self._die(HorovodInternalError(
                 f"rank {self.rank}: the ranks' negotiation cycle slots disagree (slot digest "
@@ -519,7 +520,6 @@ class Background:
             return True
         self.flags = flags
         self._more = bool(flags & FLAG_PENDING) or partial
-        riding, self._riding = self._riding, {}
         moved = self._run_ready(ready, riding) if ready else False
         if flags & (FLAG_CLASSIC | FLAG_REPORT):
             self._start_round(bool(flags & FLAG_REPORT))
@@ -532,12 +532,18 @@ class Background:
         self._next_post = time.monotonic() + self._cycle_backoff
         return True
 
-    def _run_ready(self, ready, riding):
-        riders, waiting = [], []
+    def _ready_entries(self, ready, riding):
+        """(riders, others): this rank's waiting entries in the slots a
+        cycle found ready, split by whether that cycle carried their data."""
+        riders, others = [], []
         for slot in ready:
             e = self.fast.get(slot)
             if e is not None and not e.done:
-                (riders if riding.get(slot) is e else waiting).append(e)
+                (riders if riding.get(slot) is e else others).append(e)
+        return riders, others
+
+    def _run_ready(self, ready, riding):
+        riders, waiting = self._ready_entries(ready, riding)
         entries = complete_groups(waiting)
         if not entries and not riders:
             return False
@@ -1221,13 +1227,10 @@ class Background:
         keep = {id(e) for op in self.executor.in_flight() for e in op.entries}
         if answered:
             keep |= {id(e) for e in self.sent.values()}
-        if self.cycle.in_flight:
-            # The riders of a cycle in flight: where every rank posted it,
-            # the others take their results from it (and may be done and
-            # shutting down already), so they complete here too.
-            keep |= {id(e) for e in self._riding.values()}
-        else:
-            self._riding = {}
+        # The riders of a cycle in flight: where every rank posted it, the
+        # others take their results from it (and may be done and shutting
+        # down already), so they complete here too.
+        keep |= {id(e) for e in self._riding.values()}
         self.queue.close_and_fail(lambda e: ShutdownError(
             f"{e.describe()}: the coordinator has shut down ({reason})"), keep=keep)
         request = self.channel.barrier()
@@ -1277,8 +1280,7 @@ class Background:
         ready, _flags, agree, _partial = result
         riding, self._riding = self._riding, {}
         if agree:
-            riders = [riding[slot] for slot in ready if slot in riding
-                      and self.fast.get(slot) is riding[slot] and not riding[slot].done]
+            riders, _ = self._ready_entries(ready, riding)
             if riders:
                 self._unwait(riders)
                 self._land(riders)

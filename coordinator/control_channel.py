@@ -72,6 +72,10 @@ class ControlChannel:
         self._sends = []
 
 
+# One 64-bit word of the cycle, all ones.
+_WORD = 2 ** 64 - 1
+
+
 class Cycle:
     """One rank's side of the negotiation cycle: a non-blocking allreduce
     (bitwise AND) of `bits` (one per cache slot) and of their complement,
@@ -136,12 +140,11 @@ class Cycle:
     def post(self, flags, now, digest=0):
         # Little-endian words: bit k of the int is bit k % 64 of word k // 64.
         words, mask = self._words, self._mask
-        ones = 2 ** 64 - 1
         self._send[:] = np.frombuffer(
             self.bits.to_bytes(8 * words, "little")
             + (~self.bits & mask).to_bytes(8 * words, "little")
-            + (digest & ones).to_bytes(8, "little") + (~digest & ones).to_bytes(8, "little")
-            + (~flags & ones).to_bytes(8, "little"), "<u8")
+            + (digest & _WORD).to_bytes(8, "little") + (~digest & _WORD).to_bytes(8, "little")
+            + (~flags & _WORD).to_bytes(8, "little"), "<u8")
         self._digest = digest
         self._result = None
         self._request = self.comm.Iallreduce(self._send, self._recv, MPI.BAND)
@@ -176,7 +179,7 @@ class Cycle:
         return result
 
     def _outcome(self):
-        words, ones = self._words, 2 ** 64 - 1
+        words = self._words
         raw = self._recv.astype("<u8", copy=False).tobytes()
         everywhere = int.from_bytes(raw[:8 * words], "little")
         # ~AND(~bits) is the OR: set somewhere. Somewhere but not everywhere:
@@ -185,8 +188,9 @@ class Cycle:
         partial = bool(somewhere & ~everywhere)
         digest = int.from_bytes(raw[16 * words:16 * words + 8], "little")
         complement = int.from_bytes(raw[16 * words + 8:16 * words + 16], "little")
-        agree = digest == self._digest & ones and ~complement & ones == self._digest & ones
-        flags = ~int.from_bytes(raw[-8:], "little") & ones
+        mine = self._digest & _WORD
+        agree = digest == mine and ~complement & _WORD == mine
+        flags = ~int.from_bytes(raw[-8:], "little") & _WORD
         return _set_bits(everywhere), flags, agree, partial
 
 

@@ -37,6 +37,7 @@ an idle rank post).
 """
 
 import heapq
+import math
 import zlib
 
 import numpy as np
@@ -80,9 +81,7 @@ def rider_elements(signature):
     if (op != pb.ALLREDUCE or reduce_op not in (pb.SUM, pb.AVERAGE) or pset != 0 or on_gpu
             or group or prescale != 1.0 or dtype not in RIDER_DTYPES):
         return None
-    count = 1
-    for d in shape:
-        count *= d
+    count = math.prod(shape)
     return count if 0 < count <= RIDER_ELEMENTS else None
 
 

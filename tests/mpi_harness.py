@@ -65,19 +65,24 @@ def launcher_failed(output):
     return any(sign in output for sign in LAUNCHER_FAILURES)
 
 
-def mpirun(args, np_=2, env=None, timeout=180):
-    """Runs `python args...` on np_ ranks; returns the CompletedProcess.
-
-    A job whose launcher failed to start (LAUNCHER_FAILURES) runs once more."""
-    cmd = [mpirun_path(), "-n", str(np_), "--oversubscribe", "--bind-to", "none",
-           sys.executable] + list(args)
+def run_job(cmd, **kwargs):
+    """subprocess.run(cmd, capture_output=True, text=True, **kwargs) for a
+    command that launches MPI ranks (mpirun, coordrun); run once more when
+    the launcher failed to start (LAUNCHER_FAILURES)."""
     for attempt in (1, 2):
-        proc = subprocess.run(cmd, env=mpi_env(env), capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
         output = proc.stdout + proc.stderr
         if proc.returncode == 0 or attempt == 2 or not launcher_failed(output):
             return proc
-        print(f"mpirun's launcher failed to start; trying once more:\n{output[-1500:]}")
+        print(f"the MPI launcher failed to start; trying once more:\n{output[-1500:]}")
+
+
+def mpirun(args, np_=2, env=None, timeout=180):
+    """Runs `python args...` on np_ ranks; returns the CompletedProcess
+    (see run_job)."""
+    cmd = [mpirun_path(), "-n", str(np_), "--oversubscribe", "--bind-to", "none",
+           sys.executable] + list(args)
+    return run_job(cmd, env=mpi_env(env), timeout=timeout)
 
 
 class CaseResults:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from coordinator import launcher_watch, run
-from mpi_harness import launcher_failed
+from mpi_harness import run_job
 from coordinator.launcher_watch import EXIT_WITH_LAUNCHER
 from coordinator.run import HYDRA, OPEN_MPI, Launcher, LauncherNotFound
 
@@ -465,15 +465,10 @@ def coordrun_env():
 
 
 def coordrun(*argv, timeout=TIMEOUT):
-    """Runs coordrun; once more when Open MPI's launcher failed to start
-    before any rank ran (mpi_harness.LAUNCHER_FAILURES)."""
-    for attempt in (1, 2):
-        proc = subprocess.run([sys.executable, "-m", "coordinator.run", *argv],
-                              env=coordrun_env(), capture_output=True, text=True,
-                              timeout=timeout, cwd=ROOT)
-        if (proc.returncode == 0 or attempt == 2
-                or not launcher_failed(proc.stdout + proc.stderr)):
-            return proc
+    """Runs coordrun (once more when Open MPI's launcher failed to start:
+    mpi_harness.run_job)."""
+    return run_job([sys.executable, "-m", "coordinator.run", *argv], env=coordrun_env(),
+                   timeout=timeout, cwd=ROOT)
 
 
 def rank_reports(stdout):
