@@ -19,6 +19,7 @@ import types
 
 import numpy as np
 
+from coordinator import dtypes
 from coordinator.ops import device_fusion
 
 
@@ -77,6 +78,30 @@ class FakeDeviceArray:
     def get(self):
         """A host copy (cupy.ndarray.get)."""
         return self._host.copy()
+
+    # DLPack out, as CuPy's arrays export themselves. The "device" is host
+    # memory, so the capsule says CPU: TensorFlow (CPU-only here) adopts it
+    # as a CPU tensor, and needs it 64-byte aligned (real CuPy memory is
+    # 256-byte aligned), so an unaligned array is exported from a copy.
+    exported = 0  # capsules handed out, for the tests
+
+    def __dlpack__(self, stream=None, **_):
+        FakeDeviceArray.exported += 1
+        host = self._host
+        if host.size and host.ctypes.data % 64:
+            host = aligned_copy(host)
+        return host.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def aligned_copy(array):
+    raw = np.empty(array.nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
 
 
 class _Event:
@@ -157,7 +182,16 @@ def fake_cupy(nccl=None, kernels=None):
         raise TypeError("the fake CuPy views only its own arrays")
 
     def from_dlpack(obj):
-        raise TypeError("the fake CuPy takes no DLPack")
+        """A "device" array over a DLPack producer's memory (no copy). The
+        fake's device is the host, so it takes producers of CPU memory: a
+        test that makes a frontend treat CPU tensors as GPU tensors sees
+        them arrive here, as CUDA tensors would arrive at CuPy."""
+        if not hasattr(obj, "__dlpack__"):
+            raise TypeError("the fake CuPy takes DLPack producers only")
+        imported.append(obj)
+        return FakeDeviceArray(np.from_dlpack(obj))
+
+    imported = []  # every producer from_dlpack took, for the tests
 
     def ascontiguousarray(arr):
         return FakeDeviceArray(np.ascontiguousarray(arr._host))
@@ -172,7 +206,7 @@ def fake_cupy(nccl=None, kernels=None):
 
     return types.SimpleNamespace(
         __version__="14.0.0+fake", ndarray=FakeDeviceArray, cuda=cuda, empty=empty,
-        zeros=zeros, asarray=asarray, from_dlpack=from_dlpack,
+        zeros=zeros, asarray=asarray, from_dlpack=from_dlpack, imported=imported,
         ascontiguousarray=ascontiguousarray, concatenate=concatenate, RawKernel=raw_kernel)
 
 
@@ -271,8 +305,11 @@ class FakeNccl:
 
     def groupEnd(self):
         requests, self.group = self.group, None
-        for request in requests:  # all were started before the first wait
+        for request, _ in requests:  # all were started before the first wait
             request.Wait()
+        for _, then in requests:
+            if then is not None:
+                then()
 
     def NcclCommunicator(self, size, uid, rank):
         """Over every rank, or over a group whose members share `uid`: then
@@ -287,11 +324,14 @@ class FakeNccl:
         assert comm.size == size and comm.rank == rank, (comm.size, size, comm.rank, rank)
         return _FakeNcclComm(self, comm)
 
-    def run(self, request):
+    def run(self, request, then=None):
+        """Waits for `request` (inside a group: at groupEnd), then calls `then`."""
         if self.group is None:
             request.Wait()
+            if then is not None:
+                then()
         else:
-            self.group.append(request)
+            self.group.append((request, then))
 
 
 class _FakeNcclComm:
@@ -308,9 +348,24 @@ class _FakeNcclComm:
         from mpi4py import MPI
 
         self.nccl.calls.append(("allReduce", count))
+        if dtype == FakeNccl.NCCL_BFLOAT16:
+            self._bfloat16_allreduce(send, recv, count, op)
+            return
         out = _host(recv, count, _NCCL_DTYPES[dtype])
         src = MPI.IN_PLACE if send == recv else _host(send, count, _NCCL_DTYPES[dtype])
         self.nccl.run(self.comm.Iallreduce(src, out, self._op(op)))
+
+    def _bfloat16_allreduce(self, send, recv, count, op):
+        """NCCL reduces bfloat16 itself; MPI cannot: reduce the values in
+        float32 and round once (what NCCL gives for two ranks)."""
+        bits = _host(recv, count, np.uint16)
+        wide = (bits if send == recv else _host(send, count, np.uint16)).view(
+            dtypes.BFLOAT16).astype(np.float32)
+        total = np.empty_like(wide)
+
+        def narrow():
+            bits[:] = total.astype(dtypes.BFLOAT16).view(np.uint16)
+        self.nccl.run(self.comm.Iallreduce(wide, total, self._op(op)), narrow)
 
     def broadcast(self, send, recv, count, dtype, root, stream):
         self.nccl.calls.append(("broadcast", count))

@@ -633,3 +633,17 @@ def case_timeline_shows_the_device_copies(hvd):
         copies_out = _intervals(events, track, "MEMCPY_OUT_HOST_BUFFER")
         assert len(copies_in) == 1 and len(copies_out) == 1, (copies_in, copies_out)
         assert copies_in[0][1] <= copies_out[0][0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
+@pytest.mark.parametrize("case", ["the_core_runs_them_on_its_device_backend",
+                                  "allreduce_takes_and_returns_device_memory_in_every_dtype",
+                                  "grouped_allreduce_synchronises_the_devices_once",
+                                  "broadcast_allgather_alltoall_reducescatter_on_the_device",
+                                  "broadcast_variables_assigns_the_roots_values",
+                                  "distributed_gradient_tape_averages_on_the_device"])
+def test_tensorflow_gpu_tensors_through_dlpack_at_np2(case, fake_nccl):
+    pytest.importorskip("tensorflow")
+    env = dict(_mpi_env(fake_nccl), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    _check("tests/mpi/tf_gpu_cases.py", case, 2, env)

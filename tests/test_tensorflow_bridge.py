@@ -141,3 +141,84 @@ def test_fp16_compression_casts_floats_only():
     same, ctx = Compression.fp16.compress(ints)
     assert same.dtype == tf.int32 and Compression.fp16.decompress(same, ctx).dtype == tf.int32
     assert Compression.none.compress(x)[0] is x
+
+
+# ---------------------------------------------------------- the GPU path
+# On this machine TensorFlow has no GPU: these tests tell the bridge that CPU
+# tensors are GPU tensors, with CuPy the fake of tests/gpu_fakes.py (device
+# memory is host memory). tests/mpi/tf_gpu_cases.py runs the collectives so.
+
+@pytest.fixture
+def as_if_on_gpu(monkeypatch):
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gpu_fakes
+
+    from coordinator import gpu
+
+    cp = gpu_fakes.fake_cupy()
+    monkeypatch.setitem(gpu._modules, "cupy", cp)
+    monkeypatch.setattr(bridge, "on_gpu", lambda tensor: True)
+    monkeypatch.setattr(bridge, "_core_takes_devices", lambda: True)
+    syncs = []
+    sync = tf.test.experimental.sync_devices
+    monkeypatch.setattr(tf.test.experimental, "sync_devices",
+                        lambda: (syncs.append(1), sync())[1])
+    cp.syncs = syncs
+    return cp
+
+
+def test_a_cpu_tensor_is_not_taken_for_a_gpu_tensor():
+    assert not bridge.on_gpu(tf.constant([1.0]))
+    assert bridge.on_gpu(type("T", (), {"device": "/job:localhost/replica:0/task:0/"
+                                                  "device:GPU:1"})())
+
+
+def test_gpu_tensors_become_device_views_after_one_device_sync(as_if_on_gpu):
+    from coordinator import gpu
+
+    values = [tf.constant([1.0, 2.0]), tf.constant([1.5, -2.0], tf.bfloat16),
+              tf.constant([True, False]), tf.constant([3, 4], tf.int32)]
+    arrays = bridge.as_arrays(values, on_host=(3,))
+    assert as_if_on_gpu.syncs == [1]
+    assert isinstance(arrays[0], as_if_on_gpu.ndarray)
+    np.testing.assert_array_equal(arrays[0].get(), [1.0, 2.0])
+    assert isinstance(arrays[1], gpu.BFloat16)  # its int16 bits, marked
+    np.testing.assert_array_equal(arrays[1].array.get(),
+                                  np.array([1.5, -2.0], tf.bfloat16.as_numpy_dtype).view(np.int16))
+    assert arrays[2].dtype == np.uint8 and arrays[2].get().tolist() == [1, 0]
+    assert isinstance(arrays[3], np.ndarray) and arrays[3].tolist() == [3, 4]
+    assert len(as_if_on_gpu.imported) == 3
+
+
+def test_device_results_come_back_as_tensors_of_the_asked_dtype(as_if_on_gpu):
+    from coordinator import gpu
+
+    bits = np.array([1.5, -2.0], tf.bfloat16.as_numpy_dtype).view(np.int16)
+    for array, dtype, want in [
+            (as_if_on_gpu.ndarray(np.array([1.0, 2.0], np.float32)), tf.float32, [1.0, 2.0]),
+            (gpu.bfloat16(as_if_on_gpu.ndarray(bits.copy())), tf.bfloat16, [1.5, -2.0]),
+            (as_if_on_gpu.ndarray(bits.copy()), tf.bfloat16, [1.5, -2.0]),
+            (as_if_on_gpu.ndarray(np.array([1, 0], np.uint8)), tf.bool, [True, False])]:
+        tensor = bridge.to_tensor(array, dtype)
+        assert tensor.dtype == dtype and tensor.numpy().tolist() == want
+
+
+def test_outputs_for_device_arrays_are_device_arrays(as_if_on_gpu):
+    from coordinator import gpu
+
+    out = bridge.empty_like(as_if_on_gpu.ndarray(np.zeros((2, 3), np.float16)))
+    assert isinstance(out, as_if_on_gpu.ndarray) and out.shape == (2, 3)
+    assert out.dtype == np.float16
+    marked = bridge.empty_like(gpu.bfloat16(as_if_on_gpu.ndarray(np.zeros(4, np.int16))))
+    assert isinstance(marked, gpu.BFloat16) and marked.array.shape == (4,)
+    host = bridge.empty_like(np.float32(1.0))  # a tf.numpy_function scalar
+    assert isinstance(host, np.ndarray) and host.shape == ()
+
+
+def test_without_cupy_gpu_tensors_are_copied_to_the_host(monkeypatch):
+    monkeypatch.setattr(bridge, "on_gpu", lambda tensor: True)
+    monkeypatch.setattr(bridge, "_core_takes_devices", lambda: False)
+    (array,) = bridge.as_arrays([tf.constant([1.0, 2.0])])
+    assert isinstance(array, np.ndarray) and array.tolist() == [1.0, 2.0]

@@ -27,10 +27,10 @@ def _variable_name(var):
 def _broadcast_eagerly(variables, root_rank, process_set, prefix):
     pending = []
     try:
-        for i, var in enumerate(variables):
-            value = tf.convert_to_tensor(var)
-            array = bridge.as_numpy(value)
-            output = bridge.aligned_empty(array.shape, array.dtype)
+        values = [tf.convert_to_tensor(var) for var in variables]
+        arrays = bridge.as_arrays(values)  # (GPU values: one device synchronisation)
+        for i, (var, value, array) in enumerate(zip(variables, values, arrays)):
+            output = bridge.empty_like(array)
             name = f"{prefix}.{i}.{mpi_ops._normalize_name(_variable_name(var))}"
             handle = core.broadcast_async(array, root_rank, name=name,
                                           process_set=process_set, output=output)
@@ -38,7 +38,7 @@ def _broadcast_eagerly(variables, root_rank, process_set, prefix):
             pending.append((var, value, output, handle))
         for var, _, output, handle in pending:
             core.synchronize(handle)
-            var.assign(bridge.to_tensor(output))
+            var.assign(bridge.to_tensor(output, var.dtype))
     except Exception as exc:  # noqa: BLE001 - translated to Horovod's tf.errors types
         translated = errors.translate(exc)
         if translated is exc:

@@ -4,7 +4,8 @@ Each collective is one Python body over NumPy arrays that calls the core's
 blocking operation:
 
 - Eagerly it runs at once on views of the input tensors, and its results
-  become tensors through DLPack (see tensor_bridge.py): no copies.
+  become tensors through DLPack (see tensor_bridge.py): no copies. GPU
+  tensors stay on their GPU where CuPy is installed (the core's NCCL path).
 - In a graph it becomes a stateful `tf.numpy_function`, whose Python body
   blocks an executor thread until every rank has submitted it. Ranks must
   therefore run a graph's collectives in one order, or each may end up with
@@ -81,13 +82,14 @@ def _op_name(op_type, default_suffix, name, ignore_name_scope):
     return full.rsplit("/", 1)[-1] if ignore_name_scope else full
 
 
-def _run(what, body, inputs, out_dtypes, out_shapes, stateful=True):
+def _run(what, body, inputs, out_dtypes, out_shapes, stateful=True, on_host=()):
     """Runs `body(*arrays) -> [arrays]` on `inputs` as described in the
-    module doc; returns the output tensors."""
+    module doc; returns the output tensors. Eagerly, the inputs whose index
+    is in `on_host` reach `body` as NumPy arrays even from a GPU."""
     if _executing_eagerly():
-        arrays = [bridge.as_numpy(t) for t in inputs]
+        arrays = bridge.as_arrays(inputs, on_host)
         results = errors.call(body, *arrays)
-        return [bridge.to_tensor(r) for r in results]
+        return [bridge.to_tensor(r, dtype) for r, dtype in zip(results, out_dtypes)]
     if _control_flow_util.GraphOrParentsInXlaContext(_tf_ops.get_default_graph()):
         raise errors.xla_unsupported(what)
 
@@ -174,7 +176,7 @@ def _process_set_size(process_set):
 def _allreduce_op(tensors, op_name, single, op, prescale_factor, postscale_factor,
                   ignore_name_scope, process_set):
     def body(*arrays):
-        outputs = [bridge.aligned_empty(a.shape, a.dtype) for a in arrays]
+        outputs = [bridge.empty_like(a) for a in arrays]
         kwargs = dict(name=op_name, op=op, prescale_factor=prescale_factor,
                       postscale_factor=postscale_factor, process_set=process_set)
         if single:
@@ -283,7 +285,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     op_name = _op_name("HorovodBroadcast", _name_of(tensor), name, ignore_name_scope)
 
     def body(array):
-        output = bridge.aligned_empty(array.shape, array.dtype)
+        output = bridge.empty_like(array)
         core.broadcast(array, root_rank, name=op_name, process_set=process_set, output=output)
         return [output]
 
@@ -317,7 +319,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
     def forward(x, *split_tensor):
         return _run("alltoall", body, [x] + list(split_tensor), [x.dtype, tf.int32],
-                    [_unknown_first_dim(x.shape), tf.TensorShape([size])])
+                    [_unknown_first_dim(x.shape), tf.TensorShape([size])], on_host=(1,))
 
     def backward(xs, ys, dys):
         dx, _ = alltoall(dys[0], splits=ys[1], ignore_name_scope=ignore_name_scope,

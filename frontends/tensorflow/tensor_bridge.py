@@ -18,12 +18,31 @@ TensorFlow 2.21 (CPU):
 
 DLPack on an unaligned buffer does not fail cleanly: TensorFlow aborts the
 process on first use. `to_tensor` therefore checks alignment first.
+
+GPU tensors, eagerly, where CuPy is installed: the core gets CuPy views of
+their memory through DLPack (no copy) and its NCCL backend reduces them on
+the device; results come back through DLPack, again without a copy, as
+tensors on the same GPU. bfloat16 (which CuPy lacks) travels as its int16
+bitcast marked `coordinator.gpu.bfloat16`, bool as a uint8 cast. Python
+cannot reach TensorFlow's compute stream (torch's is reachable, and there
+the core only records an event on it): so before the core reads a GPU
+tensor, every device TensorFlow uses is synchronised once per call
+(`tf.test.experimental.sync_devices`), which blocks the calling thread until
+TensorFlow's queued GPU work is done. Results need no such step: a blocking
+collective returns once the device work that wrote them has finished.
+Without CuPy, GPU tensors are copied to the host and back as before. Inside
+a `tf.function` collectives are `tf.numpy_function`s, which TensorFlow runs
+on the host: GPU tensors are copied to the host and the results back by
+TensorFlow itself.
 """
 
+import functools
 import math
 
 import numpy as np
 import tensorflow as tf
+
+from coordinator import gpu as core_gpu
 
 # TensorFlow's CPU allocator and kernels assume this alignment (Eigen).
 ALIGNMENT = 64
@@ -48,6 +67,82 @@ def aligned_empty(shape, dtype):
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def on_gpu(tensor):
+    """True for an eager tensor placed on a GPU."""
+    return ":GPU:" in (getattr(tensor, "device", None) or "")
+
+
+@functools.lru_cache(maxsize=None)
+def _core_takes_devices():
+    """True when the core can take GPU tensors as they are (CuPy is installed)."""
+    return core_gpu.cupy_installed()
+
+
+class _Exported:
+    """A DLPack producer over a capsule TensorFlow exported. TensorFlow's own
+    `__dlpack__` refuses the consumer's stream, which CuPy always passes;
+    the tensor's writers have finished (`as_arrays`), so none is needed."""
+
+    __slots__ = ("capsule", "device")
+
+    def __init__(self, capsule, device):
+        self.capsule = capsule
+        self.device = device
+
+    def __dlpack__(self, stream=None, **_):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def _device_view(tensor):
+    """The tensor as the core's device dtypes hold it (TensorFlow ops)."""
+    if tensor.dtype == tf.bfloat16:
+        return tf.bitcast(tensor, tf.int16)
+    if tensor.dtype == tf.bool:
+        return tf.cast(tensor, tf.uint8)
+    return tensor
+
+
+def _device_array(original, view):
+    cp = core_gpu.cupy("a GPU tensor")
+    array = cp.from_dlpack(_Exported(tf.experimental.dlpack.to_dlpack(view),
+                                     view.__dlpack_device__()))
+    return core_gpu.bfloat16(array) if original.dtype == tf.bfloat16 else array
+
+
+def as_arrays(values, on_host=()):
+    """Arrays for the core, one per value: `as_numpy` of each, except that
+    eager GPU tensors become CuPy views of their memory where CuPy is
+    installed (see the module doc; one device synchronisation for all).
+    Values whose index is in `on_host` (arguments such as alltoall's
+    splits, which the core reads on the host) always go through NumPy."""
+    on_device = [i for i, v in enumerate(values)
+                 if i not in on_host and tf.is_tensor(v) and on_gpu(v)
+                 and _core_takes_devices()]
+    if not on_device:
+        return [as_numpy(v) for v in values]
+    views = {i: _device_view(values[i]) for i in on_device}
+    tf.test.experimental.sync_devices()  # TensorFlow's writers (and the casts) are done
+    return [_device_array(values[i], views[i]) if i in views else as_numpy(v)
+            for i, v in enumerate(values)]
+
+
+def empty_like(array):
+    """An uninitialised output for the core to write `array`'s result into:
+    aligned host memory for a host array (`aligned_empty`), device memory
+    on the same GPU for a device array."""
+    if isinstance(array, (np.ndarray, np.generic)) or not core_gpu.is_device_array(array):
+        return aligned_empty(np.shape(array), array.dtype)
+    bf16 = isinstance(array, core_gpu.BFloat16)
+    device = array.array if bf16 else array
+    cp = core_gpu.cupy()
+    with cp.cuda.Device(device.device.id):
+        out = cp.empty(device.shape, device.dtype)
+    return core_gpu.bfloat16(out) if bf16 else out
+
+
 def as_numpy(value):
     """A NumPy view of a tensor's memory (tensors off the CPU are copied to
     the host); variables are read first, NumPy arrays pass through and other
@@ -70,12 +165,26 @@ def _adoptable(array):
             and array.flags.writeable and is_aligned(array))
 
 
-def to_tensor(array):
+def to_tensor(array, dtype=None):
     """An eager tensor holding `array`: adopted through DLPack when it is
-    aligned (no copy), copied otherwise (unaligned, empty, bfloat16)."""
-    if _adoptable(array):
-        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
-    return tf.convert_to_tensor(array)
+    aligned (no copy), copied otherwise (unaligned, empty, bfloat16). A
+    device array becomes a tensor on its GPU, through DLPack; `dtype` says
+    what its bits are (bfloat16 comes back from the device as int16, bool
+    as uint8)."""
+    if isinstance(array, (np.ndarray, np.generic)) or not core_gpu.is_device_array(array):
+        array = np.asarray(array)
+        if _adoptable(array):
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        return tf.convert_to_tensor(array)
+    if isinstance(array, core_gpu.BFloat16):
+        array = array.array
+    export = getattr(array, "toDlpack", None)
+    tensor = tf.experimental.dlpack.from_dlpack(export() if export else array.__dlpack__())
+    if dtype == tf.bfloat16 and tensor.dtype != tf.bfloat16:
+        return tf.bitcast(tensor, tf.bfloat16)
+    if dtype == tf.bool and tensor.dtype != tf.bool:
+        return tf.cast(tensor, tf.bool)
+    return tensor
 
 
 def adoptable_result(array):
