@@ -103,7 +103,7 @@ def case_allreduce_takes_and_returns_device_memory_in_every_dtype(core):
 
 
 def case_grouped_allreduce_synchronises_the_devices_once(core):
-    n, me = hvd.size(), hvd.rank()
+    me = hvd.rank()
     dtypes = [np.float32, np.float16, np.int32, "bfloat16"]
     np_dtypes = [tf.bfloat16.as_numpy_dtype if d == "bfloat16" else np.dtype(d) for d in dtypes]
     xs = [_everyone((k + 2,), d, seed=10 + k) for k, d in enumerate(np_dtypes)]
