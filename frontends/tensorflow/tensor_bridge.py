@@ -118,9 +118,8 @@ def as_arrays(values, on_host=()):
     installed (see the module doc; one device synchronisation for all).
     Values whose index is in `on_host` (arguments such as alltoall's
     splits, which the core reads on the host) always go through NumPy."""
-    on_device = [i for i, v in enumerate(values)
-                 if i not in on_host and tf.is_tensor(v) and on_gpu(v)
-                 and _core_takes_devices()]
+    on_device = _core_takes_devices() and [
+        i for i, v in enumerate(values) if i not in on_host and tf.is_tensor(v) and on_gpu(v)]
     if not on_device:
         return [as_numpy(v) for v in values]
     views = {i: _device_view(values[i]) for i in on_device}
