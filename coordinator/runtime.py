@@ -91,7 +91,8 @@ class Runtime:
         self.background = Background(Collaborators(
             config=self.config, rank=self.rank, size=self.size, queue=self.queue,
             handles=self.handles, ops=self.ops, channel=self.transport.channel,
-            cycle=self.transport.cycle(self.config.cache_capacity),
+            cycle=self.transport.cycle(self.config.cache_capacity,
+                                       self.config.cycle_payload_bytes // 8),
             timeline=self.timeline,
             colocated=self.size if topo.simulated else topo.local_size,
             initial_process_sets=dict(self.initial_process_sets),
@@ -187,6 +188,8 @@ class Runtime:
         if bg.thread.is_alive():
             bg.request_shutdown(why)
             bg.thread.join(SHUTDOWN_TIMEOUT + 5)
+        if not bg.thread.is_alive():
+            bg.cycle.close()
         self.close_queue(lambda e: ValueError(
             f"{e.describe()}: the coordinator has been shut down; call init() first"),
             "shutdown() was called")

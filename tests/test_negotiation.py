@@ -2,6 +2,7 @@
 cycle's payload, where, and what the digest covers."""
 
 import numpy as np
+import pytest
 
 from coordinator.negotiation import RIDER_ELEMENTS, SlotTable, rider_elements
 from coordinator.response_cache import request_signature
@@ -115,3 +116,53 @@ def test_a_cycle_reads_back_what_one_rank_posted():
     ready, flags, agree, partial = result
     assert ready == [0, 64, 1000, 1023]
     assert flags == 0b1011 and agree and not partial
+
+
+def test_payload_size_classes_double_from_8_words_up_to_the_capacity():
+    from coordinator.control_channel import _size_classes
+
+    assert _size_classes(0) == []
+    assert _size_classes(8) == [8]
+    assert _size_classes(256) == [8, 16, 32, 64, 128, 256]
+    assert _size_classes(300) == [8, 16, 32, 64, 128, 256, 300]
+
+
+def _one_cycle(cycle, payload):
+    cycle.set(3)
+    cycle.payload_out(len(payload))[:] = payload
+    cycle.post(flags=0b10, now=0.0, digest=7)
+    result = None
+    while result is None:
+        result = cycle.test()
+    return result
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "iallreduce"])
+def test_a_cycle_runs_again_and_again_with_or_without_persistent_collectives(persistent):
+    """Where the MPI library has MPI-4's persistent collectives the cycle
+    restarts requests made once; an MPI-3 library gets fresh Iallreduces
+    (the GPU machine's Open MPI 4.1): both read back the same."""
+    from mpi4py import MPI
+
+    from coordinator.control_channel import Cycle
+
+    class Mpi3(MPI.Intracomm):
+        def Allreduce_init(self, *args, **kwargs):
+            raise NotImplementedError("MPI_Allreduce_init")
+
+    make = MPI.Intracomm if persistent else Mpi3
+    cycle = Cycle(make(MPI.COMM_SELF.Dup()), 64, make(MPI.COMM_SELF.Dup()), payload_capacity=20)
+    assert (cycle._bits_request is not None) == persistent
+    assert sorted(cycle._payload_requests) == [8, 16, 20]
+    for step in range(3):
+        before = cycle.bytes
+        payload = np.arange(step * 5 + 3, dtype=np.float64) + step  # 3, 8, 13 words
+        ready, flags, agree, partial = _one_cycle(cycle, payload)
+        assert ready == [3] and flags == 0b10 and agree and not partial
+        np.testing.assert_array_equal(cycle.payload, payload)
+        size_class = [8, 8, 16][step]  # 3 and 8 words travel in 8, 13 in 16
+        assert cycle.bytes - before == cycle._send.nbytes + 8 * size_class
+    with pytest.raises(ValueError, match="capacity of 20"):
+        cycle.payload_out(21)
+    cycle.close()
+    assert cycle._bits_request is None and not cycle._payload_requests
