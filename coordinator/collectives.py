@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from coordinator import dtypes, gpu, runtime
+from coordinator import dtypes, gpu, runtime, tensor_queue
 from coordinator.errors import NotInitializedError
 from coordinator.ops_names import CPU_DEVICE
 from coordinator.process_sets import ProcessSet, global_process_set
@@ -192,12 +192,46 @@ def _submit(rt, entries, group=False):
     return rt.handles.add(list(entries) if group else entries[0])
 
 
+@contextlib.contextmanager
+def submitting_to_drive():
+    """Around the submission of an operation this thread waits for at once:
+    its push does not wake the background thread, because `drive` runs the
+    loop on this thread next (nothing changes where driving is off)."""
+    rt = runtime.current()
+    if rt is None or rt.config.drive_seconds <= 0:
+        yield
+        return
+    with tensor_queue.quiet_pushes():
+        yield
+
+
+def drive(handle):
+    """Runs the coordinator's loop on this thread until `handle` is done or
+    for at most COORDINATOR_DRIVE_SECONDS, while the background thread
+    sleeps (Background.drive); the background thread takes over after. Use
+    after a submission made inside `submitting_to_drive`, before
+    `synchronize`."""
+    rt = runtime.current()
+    if rt is None or rt.config.drive_seconds <= 0:
+        return
+    try:
+        entries = rt.handles.entries(handle)
+    except ValueError:
+        rt.queue.wakeup.set()
+        return
+    rt.background.drive(entries)
+
+
 def _blocking(async_fn):
-    """The blocking variant of an _async function: submit, then synchronize."""
+    """The blocking variant of an _async function: submit, run the loop on
+    this thread (drive), then synchronize."""
 
     @functools.wraps(async_fn)
     def run(*args, **kwargs):
-        return synchronize(async_fn(*args, **kwargs))
+        with submitting_to_drive():
+            handle = async_fn(*args, **kwargs)
+        drive(handle)
+        return synchronize(handle)
 
     run.__name__ = run.__qualname__ = async_fn.__name__[:-len("_async")]
     run.__doc__ = (async_fn.__doc__ or "").replace("Starts", "Runs").replace(

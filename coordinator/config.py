@@ -80,6 +80,10 @@ class Config:
     # How often an idle background thread wakes to look for control
     # messages, liveness and stalls (seconds).
     idle_poll_interval: float = 0.05
+    # How long a thread blocked in a collective (hvd.allreduce, not _async)
+    # runs the background loop itself while the background thread sleeps
+    # (Background.drive; seconds, 0: never).
+    drive_seconds: float = 200e-6
     # End this rank when the process that launched it (prterun/prted) dies;
     # coordrun sets it for every rank (launcher_watch.py).
     exit_with_launcher: bool = False
@@ -116,4 +120,6 @@ class Config:
             idle_poll_interval=_number(env, "COORDINATOR_IDLE_POLL_SECONDS",
                                        cls.idle_poll_interval, float, 0.001),
             exit_with_launcher=_bool(env, "COORDINATOR_EXIT_WITH_LAUNCHER", False),
+            drive_seconds=_number(env, "COORDINATOR_DRIVE_SECONDS", cls.drive_seconds, float,
+                                  0.0),
         )

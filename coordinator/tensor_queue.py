@@ -8,6 +8,7 @@ again before it completes is a `ValueError` at once, on the submitting rank.
 
 import _thread
 import collections
+import contextlib
 import threading
 import time
 
@@ -21,6 +22,24 @@ _completion = threading.Lock()
 
 # Negotiated among all ranks whatever process set they name (controller.py).
 _GLOBAL_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET, pb.JOIN})
+
+
+class _Quiet(threading.local):
+    on = False
+
+
+_quiet = _Quiet()
+
+
+@contextlib.contextmanager
+def quiet_pushes():
+    """Pushes from this thread do not wake the background thread: the caller
+    runs the loop itself next (Background.drive), and wakes it if it cannot."""
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = False
 
 
 class Entry:
@@ -192,7 +211,8 @@ class TensorQueue:
                 entry.submit_time = now
                 self._inflight[entry.key] = entry
                 self._queue.append(entry)
-        self.wakeup.set()
+        if not _quiet.on:
+            self.wakeup.set()
 
     def tell(self, entry):
         """Queues a refusal (`entry.rejected`) for the coordinator; nothing

@@ -30,6 +30,7 @@ import torch
 
 import coordinator as core
 from coordinator import basics as _core_basics
+from coordinator import collectives as _core_collectives
 # Build queries and the timeline are the core's: every frontend answers the same.
 from coordinator.basics import (ccl_built, cuda_built, ddl_built, gloo_built,  # noqa: F401
                                 gloo_enabled, mpi_built, mpi_enabled, nccl_built, rocm_built,
@@ -340,7 +341,12 @@ def _blocking(async_fn, public_name, doc):
 
     @functools.wraps(async_fn)
     def run(*args, **kwargs):
-        return synchronize(async_fn(*args, **kwargs))
+        with _core_collectives.submitting_to_drive():
+            handle = async_fn(*args, **kwargs)
+        pending = _handles.get(handle)
+        if pending is not None:
+            _core_collectives.drive(pending[0])  # this thread runs the loop meanwhile
+        return synchronize(handle)
 
     run.__name__ = run.__qualname__ = public_name
     run.__doc__ = doc
