@@ -193,6 +193,8 @@ class Background:
         # thread driving the loop (drive).
         self._driver = threading.Lock()
         self._driver_error = None  # raised by this thread: a driven turn's
+        self._driven_progress = 0.0  # when a driven turn last moved anything
+        self._handed_over = False  # a driver left work to this thread
         self._fresh = False  # submitted since the last cycle was posted
         self._woken = False  # asked to post a cycle (a ping, a report)
         self._next_post = 0.0
@@ -295,7 +297,14 @@ class Background:
                 if self._driver_error is not None:
                     raise self._driver_error
                 wakeup.clear()
-                if self._turn():
+                worked = self._turn()
+                if self._handed_over:
+                    # A frontend thread drove the loop and left work to this
+                    # one: poll as after progress of its own, not backing off.
+                    self._handed_over = False
+                    sleeps = 0
+                    last_progress = max(last_progress, self._driven_progress)
+                if worked:
                     sleeps = 0
                     last_progress = time.perf_counter()
                     if not self._settled():
@@ -331,7 +340,8 @@ class Background:
         try:
             end = time.perf_counter() + self.config.drive_seconds
             while True:
-                self._turn()
+                if self._turn():
+                    self._driven_progress = time.perf_counter()
                 if self.finished or all(e.done for e in entries):
                     break
                 if time.perf_counter() >= end:
@@ -346,6 +356,7 @@ class Background:
         finally:
             left = (self._driver_error is not None or self.finished or self._busy()
                     or self._post_due(time.monotonic()))
+            self._handed_over = left
             self._driver.release()
             if left:
                 self.queue.wakeup.set()
