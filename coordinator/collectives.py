@@ -197,8 +197,7 @@ def submitting_to_drive():
     """Around the submission of an operation this thread waits for at once:
     its push does not wake the background thread, because `drive` runs the
     loop on this thread next (nothing changes where driving is off)."""
-    rt = runtime.current()
-    if rt is None or rt.config.drive_seconds <= 0:
+    if not _drives(runtime.current()):
         yield
         return
     with tensor_queue.quiet_pushes():
@@ -212,14 +211,12 @@ def drive(handle):
     after a submission made inside `submitting_to_drive`, before
     `synchronize`."""
     rt = runtime.current()
-    if rt is None or rt.config.drive_seconds <= 0:
-        return
-    try:
-        entries = rt.handles.entries(handle)
-    except ValueError:
-        rt.queue.wakeup.set()
-        return
-    rt.background.drive(entries)
+    if _drives(rt):
+        rt.background.drive(rt.handles.entries(handle))
+
+
+def _drives(rt):
+    return rt is not None and rt.config.drive_seconds > 0
 
 
 def _blocking(async_fn):

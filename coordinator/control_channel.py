@@ -11,6 +11,7 @@ negotiation.py): a non-blocking bitwise-AND allreduce of a small vector, on
 a communicator of its own.
 """
 
+import bisect
 import struct
 
 import numpy as np
@@ -201,13 +202,8 @@ class Cycle:
         return self._payload_send[:words]
 
     def _class_of(self, words):
-        """The size class `words` travel in (0 for none)."""
-        if not words:
-            return 0
-        for size in self._classes:
-            if size >= words:
-                return size
-        return words  # (unreachable: the last class is the capacity)
+        """The size class `words` (at most the capacity) travel in (0 for none)."""
+        return self._classes[bisect.bisect_left(self._classes, words)] if words else 0
 
     @property
     def payload(self):

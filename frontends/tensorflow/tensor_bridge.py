@@ -128,11 +128,17 @@ def as_arrays(values, on_host=()):
             for i, v in enumerate(values)]
 
 
+def _on_host(array):
+    """True for a NumPy array or scalar (what a `tf.numpy_function` body
+    gets), or anything else that is not a device array."""
+    return isinstance(array, (np.ndarray, np.generic)) or not core_gpu.is_device_array(array)
+
+
 def empty_like(array):
     """An uninitialised output for the core to write `array`'s result into:
     aligned host memory for a host array (`aligned_empty`), device memory
     on the same GPU for a device array."""
-    if isinstance(array, (np.ndarray, np.generic)) or not core_gpu.is_device_array(array):
+    if _on_host(array):
         return aligned_empty(np.shape(array), array.dtype)
     bf16 = isinstance(array, core_gpu.BFloat16)
     device = array.array if bf16 else array
@@ -170,7 +176,7 @@ def to_tensor(array, dtype=None):
     device array becomes a tensor on its GPU, through DLPack; `dtype` says
     what its bits are (bfloat16 comes back from the device as int16, bool
     as uint8)."""
-    if isinstance(array, (np.ndarray, np.generic)) or not core_gpu.is_device_array(array):
+    if _on_host(array):
         array = np.asarray(array)
         if _adoptable(array):
             return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
