@@ -96,13 +96,24 @@ def test_the_cycles_set_bits_are_found_sparse_or_dense():
         assert _set_bits(value) == positions, positions[:5]
 
 
+def _mpi():
+    """mpi4py's MPI, started in this process if nothing has started it
+    (tests/test_gpu_fallback.py, collected in the same process, asks mpi4py
+    not to start MPI on import)."""
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():
+        MPI.Init()
+    return MPI
+
+
 def test_a_cycle_reads_back_what_one_rank_posted():
     """The cycle's words on one rank (MPI's AND of one contribution is the
     contribution): the bits, the OR through the complement, the digest check
     and the flags survive the encoding."""
-    from mpi4py import MPI
-
     from coordinator.control_channel import Cycle
+
+    MPI = _mpi()
 
     cycle = Cycle(MPI.COMM_SELF.Dup(), 1024, MPI.COMM_SELF.Dup())
     for slot in (0, 5, 64, 1000, 1023):
@@ -142,9 +153,9 @@ def test_a_cycle_runs_again_and_again_with_or_without_persistent_collectives(per
     """Where the MPI library has MPI-4's persistent collectives the cycle
     restarts requests made once; an MPI-3 library gets fresh Iallreduces
     (the GPU machine's Open MPI 4.1): both read back the same."""
-    from mpi4py import MPI
-
     from coordinator.control_channel import Cycle
+
+    MPI = _mpi()
 
     class Mpi3(MPI.Intracomm):
         def Allreduce_init(self, *args, **kwargs):
