@@ -18,7 +18,7 @@ import time
 import pytest
 
 from coordinator.elastic import service
-from mpi_harness import ROOT, mpi_env
+from mpi_harness import ROOT, launcher_failed, mpi_env
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 HOSTS = ["localhost", "127.0.0.1", socket.gethostname()]
@@ -50,7 +50,17 @@ def discovery(tmp_path, hosts):
 
 def coordrun(flags, script, env=None, timeout=240, on_line=None):
     """Runs coordrun flags... python <script>; returns (rc, stdout, stderr).
-    `on_line(line)` sees each line of stdout as it comes."""
+    `on_line(line)` sees each line of stdout as it comes. Launched once more
+    when Open MPI's launcher failed to start before any rank printed
+    (mpi_harness.launcher_failed): nothing of the test's ran then."""
+    for attempt in (1, 2):
+        rc, out, err = _coordrun_once(flags, script, env, timeout, on_line)
+        if rc == 0 or attempt == 2 or out or not launcher_failed(err):
+            return rc, out, err
+        print(f"the MPI launcher failed to start; trying once more:\n{err[-1500:]}")
+
+
+def _coordrun_once(flags, script, env, timeout, on_line):
     cmd = [sys.executable, "-m", "coordinator.run"] + flags + [
         sys.executable, os.path.join(SCRIPTS, script)]
     extra = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}

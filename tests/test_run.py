@@ -514,9 +514,8 @@ def test_rank_exit_status_fails_the_job_and_says_so():
         pytest.skip("coordrun console script not installed")
     child = ("import sys\nfrom mpi4py import MPI\n"
              "sys.exit(3 if MPI.COMM_WORLD.rank == 1 else 0)\n")
-    proc = subprocess.run([script, "-np", "2", sys.executable, "-c", child],
-                          env=coordrun_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT, cwd=ROOT)
+    proc = run_job([script, "-np", "2", sys.executable, "-c", child],
+                   env=coordrun_env(), timeout=TIMEOUT, cwd=ROOT)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last == f"coordrun: the job failed (mpirun exited with status {proc.returncode})"

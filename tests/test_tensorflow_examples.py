@@ -2,12 +2,11 @@
 comparison runs end to end."""
 
 import re
-import subprocess
 import sys
 
 import pytest
 
-from mpi_harness import ROOT, mpi_env, mpirun
+from mpi_harness import ROOT, mpi_env, mpirun, run_job
 
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
 
@@ -43,9 +42,8 @@ def test_gradient_tape_digits_example_learns_and_ranks_agree():
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_compare_overhead_times_all_four_configurations():
-    proc = subprocess.run([sys.executable, "examples/tensorflow/compare_overhead.py",
-                           "--runs", "1", "--epochs", "2"], cwd=ROOT, env=mpi_env(ENV),
-                          capture_output=True, text=True, timeout=300)
+    proc = run_job([sys.executable, "examples/tensorflow/compare_overhead.py",
+                    "--runs", "1", "--epochs", "2"], cwd=ROOT, env=mpi_env(ENV), timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for what in ("step", "epoch"):
