@@ -12,6 +12,7 @@ be tested without MPI:
 """
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import importlib.metadata
@@ -22,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import types
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -719,9 +721,39 @@ def _die_with_this_process(signum):
     return preexec
 
 
-def run_launcher(argv: Sequence[str], env: Mapping[str, str], on_start=None) -> int:
+# prterun keeps its session directory in $TMPDIR/ompi.<its pid> and removes
+# it as it ends, but a SIGKILLed prterun cannot: the directory stays, and the
+# next prterun that gets the same pid (pids wrap, at 32768 by default) fails
+# to start: "The PMIx server's listener thread failed to start", exit status
+# 213 (reproduced by making a stale /tmp/ompi.N and starting mpirun as pid N;
+# CI failed twice on it). So each job's prterun gets a directory of its own
+# for its session, removed when it ends however it ended. The remote hosts'
+# daemons keep theirs in their own TMPDIR.
+SESSION_BASE = "PRTE_MCA_prte_local_tmpdir_base"
+_SESSION_SETTINGS = (SESSION_BASE, "PRTE_MCA_prte_tmpdir_base", "OMPI_MCA_prte_tmpdir_base",
+                     "OMPI_MCA_prte_local_tmpdir_base")
+
+
+@contextlib.contextmanager
+def _own_session_base(env: Dict[str, str], flavor: Optional[str]):
+    """Points Open MPI's launcher at a fresh directory for its session
+    (unless the caller chose one) while the block runs, then removes it."""
+    if flavor != OPEN_MPI or any(name in env for name in _SESSION_SETTINGS):
+        yield
+        return
+    base = tempfile.mkdtemp(prefix="coordrun-")
+    env[SESSION_BASE] = base
+    try:
+        yield
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run_launcher(argv: Sequence[str], env: Mapping[str, str], on_start=None,
+                 flavor: Optional[str] = None) -> int:
     """Runs mpirun, forwarding SIGINT/SIGTERM; returns its exit status
-    (128 + N if it was killed by signal N).
+    (128 + N if it was killed by signal N). `flavor` OPEN_MPI gives its
+    session a directory of its own (_own_session_base).
 
     mpirun gets its own session so that a Ctrl-C reaches it once, through us,
     rather than twice (which makes Open MPI abort without cleaning up).
@@ -729,7 +761,13 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str], on_start=None) -> 
     ranks, and they are gone within a second (measured). Ranks outlive a
     SIGKILLed mpirun; launcher_watch covers that.
     """
-    proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True,
+    env = dict(env)
+    with _own_session_base(env, flavor):
+        return _run_launcher(argv, env, on_start)
+
+
+def _run_launcher(argv, env, on_start):
+    proc = subprocess.Popen(list(argv), env=env, start_new_session=True,
                             preexec_fn=_die_with_this_process(signal.SIGTERM))
     if on_start is not None:
         on_start(proc)
@@ -778,7 +816,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.verbose:
         print_command(command, env)
     try:
-        status = run_launcher(command, env)
+        status = run_launcher(command, env, flavor=launcher.flavor)
     except OSError as exc:
         print(f"coordrun: error: could not start {launcher.path}: {exc.strerror}",
               file=sys.stderr)

@@ -61,6 +61,12 @@ LAUNCHER_FAILURES = (
 )
 
 
+# The settings that choose where Open MPI's launcher keeps its session; the
+# first is the one set here.
+SESSION_SETTINGS = ("PRTE_MCA_prte_local_tmpdir_base", "PRTE_MCA_prte_tmpdir_base",
+                    "OMPI_MCA_prte_tmpdir_base", "OMPI_MCA_prte_local_tmpdir_base")
+
+
 def launcher_failed(output):
     return any(sign in output for sign in LAUNCHER_FAILURES)
 
@@ -70,11 +76,27 @@ def run_job(cmd, **kwargs):
     command that launches MPI ranks (mpirun, coordrun); run once more when
     the launcher failed to start (LAUNCHER_FAILURES)."""
     for attempt in (1, 2):
-        proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+        proc = _run_in_own_session(cmd, **kwargs)
         output = proc.stdout + proc.stderr
         if proc.returncode == 0 or attempt == 2 or not launcher_failed(output):
             return proc
         print(f"the MPI launcher failed to start; trying once more:\n{output[-1500:]}")
+
+
+def _run_in_own_session(cmd, env=None, **kwargs):
+    """subprocess.run with Open MPI's launcher keeping its session in a fresh
+    directory, removed afterwards: a launcher killed at a timeout leaves its
+    session behind, which would stop a later launcher given the same pid
+    (coordinator.run._own_session_base says how)."""
+    env = dict(os.environ if env is None else env)
+    if any(name in env for name in SESSION_SETTINGS):
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)
+    base = tempfile.mkdtemp(prefix="mpisession-")
+    env[SESSION_SETTINGS[0]] = base
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def mpirun(args, np_=2, env=None, timeout=180):

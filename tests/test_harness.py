@@ -1,6 +1,7 @@
 """The test harness launches a job once more only when Open MPI's launcher
 failed before any rank ran; a job that failed on its own is never rerun."""
 
+import os
 import subprocess
 
 import mpi_harness
@@ -41,3 +42,20 @@ def test_a_job_that_failed_by_itself_runs_once(monkeypatch):
     monkeypatch.setattr(mpi_harness.subprocess, "run", fake)
     proc = mpi_harness.mpirun(["x.py"])
     assert (proc.returncode, fake.calls) == (1, 1)
+
+
+def test_each_launch_keeps_its_session_in_a_directory_removed_after_it(monkeypatch):
+    seen = []
+
+    def fake(cmd, env=None, **kwargs):
+        base = env[mpi_harness.SESSION_SETTINGS[0]]
+        seen.append((base, os.path.isdir(base)))
+        return subprocess.CompletedProcess(cmd, 213 if len(seen) == 1 else 0, stdout="",
+                                           stderr=LISTENER)
+
+    monkeypatch.setattr(mpi_harness.subprocess, "run", fake)
+    for name in mpi_harness.SESSION_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    assert mpi_harness.mpirun(["x.py"]).returncode == 0
+    assert len(seen) == 2 and seen[0][0] != seen[1][0]  # a fresh one for the second try
+    assert all(existed and not os.path.exists(base) for base, existed in seen)

@@ -5,9 +5,11 @@ report failures."""
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -399,6 +401,116 @@ def test_main_runs_a_hydra_launcher_and_passes_on_its_status(monkeypatch, capsys
     err = capsys.readouterr().err
     assert "coordrun: HOROVOD_CYCLE_TIME=3 " in err and f"{fake} -np 3" in err
     assert err.rstrip().endswith("coordrun: the job failed (mpiexec exited with status 7)")
+
+
+# ------------------------------------------------- the launcher's session
+
+def session_launcher(path):
+    """A stand-in Open MPI mpirun that records its environment and whether
+    the session base it was given exists, then ends as $FAKE_END says:
+    an exit status, or "kill" (SIGKILL to itself)."""
+    return write_script(path, """\
+        import json, os, signal, sys
+        if sys.argv[1:] == ["--version"]:
+            print("mpirun (Open MPI) 5.0.11")
+            sys.exit(0)
+        base = os.environ.get("PRTE_MCA_prte_local_tmpdir_base")
+        if base:  # prterun makes its session directory in it
+            os.makedirs(os.path.join(base, f"ompi.{os.getpid()}", "0"))
+        with open(os.environ["FAKE_RECORD"], "w") as f:
+            json.dump({"env": dict(os.environ), "base_existed": bool(base and os.path.isdir(base))}, f)
+        end = os.environ["FAKE_END"]
+        if end == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(int(end))
+        """)
+
+
+@pytest.mark.parametrize("end, status", [("0", 0), ("5", 5), ("kill", 128 + 9)])
+def test_open_mpi_launcher_gets_its_own_session_base_removed_however_it_ends(
+        monkeypatch, tmp_path, end, status):
+    monkeypatch.setenv("COORDINATOR_MPIRUN", session_launcher(tmp_path / "mpirun"))
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
+    monkeypatch.setenv("FAKE_END", end)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    (tmp_path / "tmp").mkdir()
+    for name in run._SESSION_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    assert run.main(["-np", "2", "python", "t.py"]) == status
+    seen = json.loads((tmp_path / "record.json").read_text())
+    base = seen["env"]["PRTE_MCA_prte_local_tmpdir_base"]
+    assert seen["base_existed"] and os.path.dirname(base) == str(tmp_path / "tmp")
+    assert os.path.basename(base).startswith("coordrun-")
+    assert not os.path.exists(base)  # removed with the session a SIGKILLed prterun left
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+@pytest.mark.parametrize("name", ["PRTE_MCA_prte_tmpdir_base", "PRTE_MCA_prte_local_tmpdir_base",
+                                  "OMPI_MCA_prte_tmpdir_base"])
+def test_a_session_base_the_user_chose_is_kept(monkeypatch, tmp_path, name):
+    monkeypatch.setenv("COORDINATOR_MPIRUN", session_launcher(tmp_path / "mpirun"))
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
+    monkeypatch.setenv("FAKE_END", "0")
+    for other in run._SESSION_SETTINGS:
+        monkeypatch.delenv(other, raising=False)
+    chosen = tmp_path / "mine"
+    chosen.mkdir()
+    monkeypatch.setenv(name, str(chosen))
+    assert run.main(["-np", "2", "python", "t.py"]) == 0
+    env = json.loads((tmp_path / "record.json").read_text())["env"]
+    assert env[name] == str(chosen)
+    assert [n for n in run._SESSION_SETTINGS if n in env] == [name]
+    assert chosen.is_dir()  # not ours to remove
+
+
+def test_a_hydra_launcher_gets_no_open_mpi_session_base(monkeypatch, tmp_path):
+    monkeypatch.setenv("COORDINATOR_MPIRUN", fake_launcher(tmp_path / "mpiexec",
+                                                           "HYDRA build details:"))
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
+    for name in run._SESSION_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    assert run.main(["-np", "2", "python", "t.py"]) == 0
+    env = json.loads((tmp_path / "record.json").read_text())["env"]
+    assert not [n for n in run._SESSION_SETTINGS if n in env]
+
+
+STALE_WINDOW = 4000  # pids after the last one given out, each with a stale session
+
+
+@pytest.mark.mpi
+def test_a_job_starts_where_a_sigkilled_launcher_left_sessions_for_its_pid(tmp_path):
+    """prterun fails to start ("The PMIx server's listener thread failed to
+    start", status 213) when $TMPDIR/ompi.<its pid> holds a session that a
+    SIGKILLed prterun left. Such sessions are made for the next pids here;
+    coordrun's launcher must start all the same, and leave nothing behind."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid") as f:
+            last = int(f.read())
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid_max = int(f.read())
+    except OSError as exc:
+        pytest.skip(f"cannot read the kernel's last pid: {exc}")
+    tmp = tmp_path / "tmp"
+    host = socket.gethostname().split(".")[0]
+    pids = [(last + k - 300) % (pid_max - 300) + 300 for k in range(1, STALE_WINDOW + 1)]
+    for pid in pids:
+        stale = tmp / f"ompi.{pid}"
+        stale.mkdir(parents=True)
+        (stale / f"pmix.{host}.tool").write_text("stale")
+    env = coordrun_env()
+    env["TMPDIR"] = str(tmp)
+    child = "import os\nfrom mpi4py import MPI\nprint('LAUNCHER', os.getppid(), flush=True)\n"
+    proc = subprocess.run([sys.executable, "-m", "coordinator.run", "-np", "2", sys.executable,
+                           "-c", child], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    launchers = {int(line.split()[1]) for line in proc.stdout.splitlines()
+                 if line.startswith("LAUNCHER ")}
+    assert len(launchers) == 1, proc.stdout
+    if not launchers <= set(pids):
+        pytest.skip(f"the launcher got pid {launchers} beyond the {STALE_WINDOW} stale sessions")
+    assert sorted(os.listdir(tmp)) == sorted(f"ompi.{pid}" for pid in pids)
 
 
 # -------------------------------------------------------------- check-build

@@ -91,7 +91,8 @@ def launch(args, launcher, environ, driver, command, elastic=True):
         driver.start_discovery()
     watcher = _StartWatch(driver, start_timeout(args), address)
     try:
-        status = runmod.run_launcher(argv, env, on_start=watcher.start)
+        status = runmod.run_launcher(argv, env, on_start=watcher.start,
+                                       flavor=launcher.flavor)
     finally:
         watcher.done.set()
         driver.stop()
