@@ -16,3 +16,25 @@ def test_numpy_digits_example_learns_and_ranks_agree():
     assert len(accuracies) == 8 + 1, out  # one line per epoch, then the summary
     assert accuracies[-1] >= 0.9, out
     assert "done: 2 ranks" in out
+
+
+@pytest.mark.mpi
+def test_group_overhead_checks_the_result_then_times_both_sides():
+    proc = mpirun(["examples/group_overhead.py", "--calls", "20", "--rounds", "3"], np_=2,
+                  timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    line = re.search(r"2 ranks, 8 tensors: core ([\d.]+) us  floor ([\d.]+) us  ratio "
+                     r"([\d.]+)  \(per round ([\d. ]+)\)", out)
+    assert line, out
+    assert all(float(v) > 0 for v in line.groups()[:3])
+    assert len(line.group(4).split()) == 2, out  # rounds after the warm-up
+
+
+@pytest.mark.mpi
+def test_group_overhead_alone_times_the_core_only():
+    proc = mpirun(["examples/group_overhead.py", "--alone", "--calls", "20", "--rounds", "1"],
+                  np_=1, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"1 rank, 8 tensors: core [\d.]+ us\n", out) and "floor" not in out, out
