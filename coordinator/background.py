@@ -101,13 +101,12 @@ DEVICE_HOLD_MAX = 1.0
 _RIDERS = pb.Response(op=pb.ALLREDUCE)
 
 
-def _plans_of(responses, entries):
+def _plans_of(planned):
     """Plans for the autotuner, which measures bytes per second by plan."""
     from coordinator.controller import Plan
 
-    by_name = {e.name: e for e in entries}
-    return [Plan(resp, (), sum(by_name[n].tensor.nbytes for n in resp.names), list(resp.names))
-            for resp in responses]
+    return [Plan(resp, (), sum(e.tensor.nbytes for e in group), list(resp.names))
+            for resp, group in planned]
 
 
 def _cpus():
@@ -431,8 +430,9 @@ class Background:
         cycle, the rest for the next round."""
         now = time.monotonic()
         paid_groups = {}
+        owing = bool(self.owed or self.owed_groups)
         for e in entries:
-            if self._pay_owed(e, paid_groups):
+            if owing and self._pay_owed(e, paid_groups):
                 continue
             if not e.in_rounds:
                 self.stream.append(e)
@@ -643,9 +643,9 @@ class Background:
         if not entries and not riders:
             return False
         params = self.params
-        responses = plan_ready(entries, params["fusion_threshold"], params["pack_limit"])
+        planned = plan_ready(entries, params["fusion_threshold"], params["pack_limit"])
         self._unwait(riders + entries)
-        self.stats["cycle_runs"] += len(responses)
+        self.stats["cycle_runs"] += len(planned)
         if self.is_coordinator and self.timeline.enabled:
             # What rank 0 saw of these negotiations: its own arrival, and the
             # cycle that found them everywhere (rounds record every rank's).
@@ -656,10 +656,11 @@ class Background:
                 self.timeline.negotiate_end(shown)
         if riders:
             self._land(riders)
-        if self.autotuner is not None and responses:
-            self.autotuner.observe(_plans_of(responses, entries))
-        for resp in responses:
-            self._execute(resp)
+        if self.autotuner is not None and planned:
+            self.autotuner.observe(_plans_of(planned))
+        for resp, group in planned:
+            # This rank's own entries, in flight: what _collect would find.
+            self._execute(resp, group)
         return True
 
     def _unwait(self, entries):
@@ -1226,13 +1227,15 @@ class Background:
         self.queue.complete(e, result=result, error=error)
         self._completed = True
 
-    def _execute(self, resp):
+    def _execute(self, resp, entries=None):
+        """Runs a response over `entries` (by default, what _collect finds)."""
         self.stats["responses"] += 1
-        try:
-            entries = self._collect(resp)
-        except HorovodInternalError as exc:
-            self.parts.fatal(exc)
-            return
+        if entries is None:
+            try:
+                entries = self._collect(resp)
+            except HorovodInternalError as exc:
+                self.parts.fatal(exc)
+                return
         if resp.error:
             kind = ERROR_TYPES.get(resp.error_kind, HorovodInternalError)
             for e in entries:

@@ -177,9 +177,9 @@ def complete_groups(entries):
 
 
 def plan_ready(entries, fusion_threshold, pack_limit):
-    """Responses for cached entries ready on every rank, in the given (slot)
-    order, fused as the Controller fuses: the same on every rank, since
-    every rank's entry in a slot has the same description."""
+    """[(response, its entries)] for cached entries ready on every rank, in
+    the given (slot) order, fused as the Controller fuses: the same on every
+    rank, since every rank's entry in a slot has the same description."""
     buckets, order = {}, []
     for e in entries:
         nbytes = e.tensor.nbytes
@@ -204,5 +204,5 @@ def plan_ready(entries, fusion_threshold, pack_limit):
                            names=[e.name for e in group])
         if first.op == pb.ALLREDUCE:
             resp.pack_limit = pack_limit
-        responses.append(resp)
+        responses.append((resp, group))
     return responses

@@ -59,3 +59,19 @@ def test_buffers_beyond_the_limit_are_not_kept():
     big = bufs.get("reduce", 1000, np.float32)
     assert big.size == 1000 and not np.shares_memory(small, big)
     assert bufs.nbytes() == 400
+
+
+def test_pack_of_same_dtype_sources_fills_only_their_prefix():
+    sources = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7.0], np.float32),
+               np.full((2, 2), 9.0, np.float32)]
+    buf = np.full(20, -1.0, np.float32)
+    assert pack(sources, buf) == 11
+    np.testing.assert_array_equal(buf[:11], np.concatenate([s.reshape(-1) for s in sources]))
+    assert (buf[11:] == -1.0).all()
+
+
+def test_pack_converts_sources_of_another_dtype():
+    sources = [np.array([1.5, 2.5], np.float64), np.array([3, 4], np.int32)]
+    buf = np.zeros(4, np.float32)
+    assert pack(sources, buf) == 4
+    np.testing.assert_array_equal(buf, np.array([1.5, 2.5, 3, 4], np.float32))
