@@ -735,10 +735,16 @@ _SESSION_SETTINGS = (SESSION_BASE, "PRTE_MCA_prte_tmpdir_base", "OMPI_MCA_prte_t
 
 
 @contextlib.contextmanager
-def _own_session_base(env: Dict[str, str], flavor: Optional[str]):
+def _own_session_base(env: Dict[str, str], flavor: Optional[str], argv: Sequence[str] = ()):
     """Points Open MPI's launcher at a fresh directory for its session
-    (unless the caller chose one) while the block runs, then removes it."""
-    if flavor != OPEN_MPI or any(name in env for name in _SESSION_SETTINGS):
+    while the block runs, then removes it; not when the caller chose a
+    directory, in the environment or on the command line (`--tmpdir`,
+    `--mca prte_tmpdir_base ...`: prterun refuses a global base beside a
+    local one). Any argument naming a tmpdir counts, the training
+    command's too: then prterun keeps its default, as before."""
+    chosen = (any(name in env for name in _SESSION_SETTINGS)
+              or any("tmpdir" in arg for arg in argv))
+    if flavor != OPEN_MPI or chosen:
         yield
         return
     base = tempfile.mkdtemp(prefix="coordrun-")
@@ -762,7 +768,7 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str], on_start=None,
     SIGKILLed mpirun; launcher_watch covers that.
     """
     env = dict(env)
-    with _own_session_base(env, flavor):
+    with _own_session_base(env, flavor, argv):
         return _run_launcher(argv, env, on_start)
 
 

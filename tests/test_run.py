@@ -418,7 +418,8 @@ def session_launcher(path):
         if base:  # prterun makes its session directory in it
             os.makedirs(os.path.join(base, f"ompi.{os.getpid()}", "0"))
         with open(os.environ["FAKE_RECORD"], "w") as f:
-            json.dump({"env": dict(os.environ), "base_existed": bool(base and os.path.isdir(base))}, f)
+            json.dump({"argv": sys.argv, "env": dict(os.environ),
+                       "base_existed": bool(base and os.path.isdir(base))}, f)
         end = os.environ["FAKE_END"]
         if end == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -462,6 +463,22 @@ def test_a_session_base_the_user_chose_is_kept(monkeypatch, tmp_path, name):
     assert env[name] == str(chosen)
     assert [n for n in run._SESSION_SETTINGS if n in env] == [name]
     assert chosen.is_dir()  # not ours to remove
+
+
+@pytest.mark.parametrize("mpi_args", ["--tmpdir /scratch/mine",
+                                      "--mca prte_tmpdir_base /scratch/mine",
+                                      "--prtemca prte_remote_tmpdir_base /scratch/mine"])
+def test_a_session_base_on_the_command_line_is_kept(monkeypatch, tmp_path, mpi_args):
+    monkeypatch.setenv("COORDINATOR_MPIRUN", session_launcher(tmp_path / "mpirun"))
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
+    monkeypatch.setenv("FAKE_END", "0")
+    for other in run._SESSION_SETTINGS:
+        monkeypatch.delenv(other, raising=False)
+    assert run.main(["-np", "2", "--mpi-args", mpi_args, "python", "t.py"]) == 0
+    seen = json.loads((tmp_path / "record.json").read_text())
+    assert "/scratch/mine" in seen["argv"]
+    # prterun refuses prte_tmpdir_base beside prte_local_tmpdir_base
+    assert not [n for n in run._SESSION_SETTINGS if n in seen["env"]]
 
 
 def test_a_hydra_launcher_gets_no_open_mpi_session_base(monkeypatch, tmp_path):
