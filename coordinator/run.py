@@ -730,7 +730,7 @@ def _die_with_this_process(signum):
 # for its session, removed when it ends however it ended. The remote hosts'
 # daemons keep theirs in their own TMPDIR.
 SESSION_BASE = "PRTE_MCA_prte_local_tmpdir_base"
-_SESSION_SETTINGS = (SESSION_BASE, "PRTE_MCA_prte_tmpdir_base", "OMPI_MCA_prte_tmpdir_base",
+SESSION_SETTINGS = (SESSION_BASE, "PRTE_MCA_prte_tmpdir_base", "OMPI_MCA_prte_tmpdir_base",
                      "OMPI_MCA_prte_local_tmpdir_base")
 
 
@@ -742,7 +742,7 @@ def _own_session_base(env: Dict[str, str], flavor: Optional[str], argv: Sequence
     `--mca prte_tmpdir_base ...`: prterun refuses a global base beside a
     local one). Any argument naming a tmpdir counts, the training
     command's too: then prterun keeps its default, as before."""
-    chosen = (any(name in env for name in _SESSION_SETTINGS)
+    chosen = (any(name in env for name in SESSION_SETTINGS)
               or any("tmpdir" in arg for arg in argv))
     if flavor != OPEN_MPI or chosen:
         yield

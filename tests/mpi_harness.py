@@ -26,6 +26,8 @@ import tempfile
 
 import pytest
 
+from coordinator.run import SESSION_BASE, SESSION_SETTINGS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(ROOT, "tests", "mpi_runner.py")
 
@@ -53,18 +55,14 @@ def mpi_env(extra=None):
     return env
 
 
-# Open MPI's launcher (prterun) sometimes fails to start before any rank
-# runs: seen once in CI, in a job whose four neighbours started fine. No rank
-# ran, so nothing of the test's was tried; such a job is launched once more.
+# Open MPI's launcher (prterun) failed to start before any rank ran, twice in
+# CI: a SIGKILLed prterun had left its session for the same pid (see
+# coordinator.run, SESSION_BASE). Every launch here now keeps its session in
+# a fresh directory; should the launcher still fail before any rank ran,
+# nothing of the test's was tried, and the job is launched once more.
 LAUNCHER_FAILURES = (
     "The PMIx server's listener thread failed to start",
 )
-
-
-# The settings that choose where Open MPI's launcher keeps its session; the
-# first is the one set here.
-SESSION_SETTINGS = ("PRTE_MCA_prte_local_tmpdir_base", "PRTE_MCA_prte_tmpdir_base",
-                    "OMPI_MCA_prte_tmpdir_base", "OMPI_MCA_prte_local_tmpdir_base")
 
 
 def launcher_failed(output):
@@ -89,10 +87,10 @@ def _run_in_own_session(cmd, env=None, **kwargs):
     session behind, which would stop a later launcher given the same pid
     (coordinator.run._own_session_base says how)."""
     env = dict(os.environ if env is None else env)
-    if any(name in env for name in SESSION_SETTINGS):
+    if any(name in env for name in SESSION_SETTINGS):  # (chosen by the caller)
         return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)
     base = tempfile.mkdtemp(prefix="mpisession-")
-    env[SESSION_SETTINGS[0]] = base
+    env[SESSION_BASE] = base
     try:
         return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)
     finally:

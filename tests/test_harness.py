@@ -48,7 +48,7 @@ def test_each_launch_keeps_its_session_in_a_directory_removed_after_it(monkeypat
     seen = []
 
     def fake(cmd, env=None, **kwargs):
-        base = env[mpi_harness.SESSION_SETTINGS[0]]
+        base = env[mpi_harness.SESSION_BASE]
         seen.append((base, os.path.isdir(base)))
         return subprocess.CompletedProcess(cmd, 213 if len(seen) == 1 else 0, stdout="",
                                            stderr=LISTENER)

@@ -436,7 +436,7 @@ def test_open_mpi_launcher_gets_its_own_session_base_removed_however_it_ends(
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     (tmp_path / "tmp").mkdir()
-    for name in run._SESSION_SETTINGS:
+    for name in run.SESSION_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     assert run.main(["-np", "2", "python", "t.py"]) == status
     seen = json.loads((tmp_path / "record.json").read_text())
@@ -453,7 +453,7 @@ def test_a_session_base_the_user_chose_is_kept(monkeypatch, tmp_path, name):
     monkeypatch.setenv("COORDINATOR_MPIRUN", session_launcher(tmp_path / "mpirun"))
     monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
     monkeypatch.setenv("FAKE_END", "0")
-    for other in run._SESSION_SETTINGS:
+    for other in run.SESSION_SETTINGS:
         monkeypatch.delenv(other, raising=False)
     chosen = tmp_path / "mine"
     chosen.mkdir()
@@ -461,7 +461,7 @@ def test_a_session_base_the_user_chose_is_kept(monkeypatch, tmp_path, name):
     assert run.main(["-np", "2", "python", "t.py"]) == 0
     env = json.loads((tmp_path / "record.json").read_text())["env"]
     assert env[name] == str(chosen)
-    assert [n for n in run._SESSION_SETTINGS if n in env] == [name]
+    assert [n for n in run.SESSION_SETTINGS if n in env] == [name]
     assert chosen.is_dir()  # not ours to remove
 
 
@@ -472,24 +472,24 @@ def test_a_session_base_on_the_command_line_is_kept(monkeypatch, tmp_path, mpi_a
     monkeypatch.setenv("COORDINATOR_MPIRUN", session_launcher(tmp_path / "mpirun"))
     monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
     monkeypatch.setenv("FAKE_END", "0")
-    for other in run._SESSION_SETTINGS:
+    for other in run.SESSION_SETTINGS:
         monkeypatch.delenv(other, raising=False)
     assert run.main(["-np", "2", "--mpi-args", mpi_args, "python", "t.py"]) == 0
     seen = json.loads((tmp_path / "record.json").read_text())
     assert "/scratch/mine" in seen["argv"]
     # prterun refuses prte_tmpdir_base beside prte_local_tmpdir_base
-    assert not [n for n in run._SESSION_SETTINGS if n in seen["env"]]
+    assert not [n for n in run.SESSION_SETTINGS if n in seen["env"]]
 
 
 def test_a_hydra_launcher_gets_no_open_mpi_session_base(monkeypatch, tmp_path):
     monkeypatch.setenv("COORDINATOR_MPIRUN", fake_launcher(tmp_path / "mpiexec",
                                                            "HYDRA build details:"))
     monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
-    for name in run._SESSION_SETTINGS:
+    for name in run.SESSION_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     assert run.main(["-np", "2", "python", "t.py"]) == 0
     env = json.loads((tmp_path / "record.json").read_text())["env"]
-    assert not [n for n in run._SESSION_SETTINGS if n in env]
+    assert not [n for n in run.SESSION_SETTINGS if n in env]
 
 
 STALE_WINDOW = 4000  # pids after the last one given out, each with a stale session
