@@ -4,6 +4,7 @@ report failures."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -744,8 +745,10 @@ def wait_for_pid_files(paths, proc):
 def sleeping_job(tmp_path):
     """Starts `coordrun -np 2` of ranks that sleep (and watch their launcher
     if asked); returns (coordrun, rank pids, pids of everything it started).
-    Whatever is left afterwards is killed."""
-    started = []
+    Afterwards coordrun is asked to stop (SIGTERM: it ends the job and
+    removes its launcher's session base), whatever is left is killed, and a
+    session base that a killed coordrun left is removed."""
+    started, bases = [], []
 
     def start(watch=False):
         with open(tmp_path / "coordrun.log", "w") as log:
@@ -757,15 +760,25 @@ def sleeping_job(tmp_path):
         ranks = wait_for_pid_files([str(tmp_path / f"rank{r}.pid") for r in (0, 1)], proc)
         tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         started.extend(tree)
+        for pid in tree:
+            base = psutil.Process(pid).environ().get(run.SESSION_BASE)
+            if base and base not in bases:
+                bases.append(base)
         return proc, ranks, tree
 
     yield start
     for item in started:
-        if isinstance(item, subprocess.Popen):
-            item.kill()
-            item.wait()
-        elif running(item):
+        if isinstance(item, subprocess.Popen) and item.poll() is None:
+            item.terminate()
+            try:
+                item.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                item.kill()
+                item.wait()
+        elif not isinstance(item, subprocess.Popen) and running(item):
             os.kill(item, signal.SIGKILL)
+    for base in bases:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def process_names(pids):
