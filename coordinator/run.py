@@ -735,9 +735,10 @@ SESSION_SETTINGS = (SESSION_BASE, "PRTE_MCA_prte_tmpdir_base", "OMPI_MCA_prte_tm
 
 
 @contextlib.contextmanager
-def _own_session_base(env: Dict[str, str], flavor: Optional[str], argv: Sequence[str] = ()):
-    """Points Open MPI's launcher at a fresh directory for its session
-    while the block runs, then removes it; not when the caller chose a
+def own_session_base(env: Dict[str, str], flavor: Optional[str], argv: Sequence[str] = (),
+                     prefix: str = "coordrun-"):
+    """Points Open MPI's launcher at a fresh directory for its session (sets
+    it in `env`) while the block runs, then removes it; not when the caller chose a
     directory, in the environment or on the command line (`--tmpdir`,
     `--mca prte_tmpdir_base ...`: prterun refuses a global base beside a
     local one). Any argument naming a tmpdir counts, the training
@@ -747,7 +748,7 @@ def _own_session_base(env: Dict[str, str], flavor: Optional[str], argv: Sequence
     if flavor != OPEN_MPI or chosen:
         yield
         return
-    base = tempfile.mkdtemp(prefix="coordrun-")
+    base = tempfile.mkdtemp(prefix=prefix)
     env[SESSION_BASE] = base
     try:
         yield
@@ -759,7 +760,7 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str], on_start=None,
                  flavor: Optional[str] = None) -> int:
     """Runs mpirun, forwarding SIGINT/SIGTERM; returns its exit status
     (128 + N if it was killed by signal N). `flavor` OPEN_MPI gives its
-    session a directory of its own (_own_session_base).
+    session a directory of its own (own_session_base).
 
     mpirun gets its own session so that a Ctrl-C reaches it once, through us,
     rather than twice (which makes Open MPI abort without cleaning up).
@@ -768,7 +769,7 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str], on_start=None,
     SIGKILLed mpirun; launcher_watch covers that.
     """
     env = dict(env)
-    with _own_session_base(env, flavor, argv):
+    with own_session_base(env, flavor, argv):
         return _run_launcher(argv, env, on_start)
 
 

@@ -26,7 +26,7 @@ import tempfile
 
 import pytest
 
-from coordinator.run import SESSION_BASE, SESSION_SETTINGS
+from coordinator.run import OPEN_MPI, own_session_base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(ROOT, "tests", "mpi_runner.py")
@@ -83,18 +83,12 @@ def run_job(cmd, **kwargs):
 
 def _run_in_own_session(cmd, env=None, **kwargs):
     """subprocess.run with Open MPI's launcher keeping its session in a fresh
-    directory, removed afterwards: a launcher killed at a timeout leaves its
-    session behind, which would stop a later launcher given the same pid
-    (coordinator.run._own_session_base says how)."""
+    directory, removed afterwards (coordinator.run.own_session_base): a
+    launcher killed at a timeout leaves its session behind, which would stop
+    a later launcher given the same pid."""
     env = dict(os.environ if env is None else env)
-    if any(name in env for name in SESSION_SETTINGS):  # (chosen by the caller)
+    with own_session_base(env, OPEN_MPI, cmd, prefix="mpisession-"):
         return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)
-    base = tempfile.mkdtemp(prefix="mpisession-")
-    env[SESSION_BASE] = base
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def mpirun(args, np_=2, env=None, timeout=180):

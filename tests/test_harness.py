@@ -4,6 +4,8 @@ failed before any rank ran; a job that failed on its own is never rerun."""
 import os
 import subprocess
 
+from coordinator import run
+
 import mpi_harness
 
 
@@ -48,13 +50,13 @@ def test_each_launch_keeps_its_session_in_a_directory_removed_after_it(monkeypat
     seen = []
 
     def fake(cmd, env=None, **kwargs):
-        base = env[mpi_harness.SESSION_BASE]
+        base = env[run.SESSION_BASE]
         seen.append((base, os.path.isdir(base)))
         return subprocess.CompletedProcess(cmd, 213 if len(seen) == 1 else 0, stdout="",
                                            stderr=LISTENER)
 
     monkeypatch.setattr(mpi_harness.subprocess, "run", fake)
-    for name in mpi_harness.SESSION_SETTINGS:
+    for name in run.SESSION_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     assert mpi_harness.mpirun(["x.py"]).returncode == 0
     assert len(seen) == 2 and seen[0][0] != seen[1][0]  # a fresh one for the second try

@@ -428,19 +428,27 @@ def session_launcher(path):
         """)
 
 
+def use_launcher(monkeypatch, tmp_path, launcher, end="0"):
+    """coordrun will run `launcher` (recording in tmp_path/record.json, ending
+    as `end` says), with no session base chosen in the environment; returns
+    a function that reads the record."""
+    monkeypatch.setenv("COORDINATOR_MPIRUN", launcher)
+    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
+    monkeypatch.setenv("FAKE_END", end)
+    for name in run.SESSION_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    return lambda: json.loads((tmp_path / "record.json").read_text())
+
+
 @pytest.mark.parametrize("end, status", [("0", 0), ("5", 5), ("kill", 128 + 9)])
 def test_open_mpi_launcher_gets_its_own_session_base_removed_however_it_ends(
         monkeypatch, tmp_path, end, status):
-    monkeypatch.setenv("COORDINATOR_MPIRUN", session_launcher(tmp_path / "mpirun"))
-    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
-    monkeypatch.setenv("FAKE_END", end)
+    record = use_launcher(monkeypatch, tmp_path, session_launcher(tmp_path / "mpirun"), end)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     (tmp_path / "tmp").mkdir()
-    for name in run.SESSION_SETTINGS:
-        monkeypatch.delenv(name, raising=False)
     assert run.main(["-np", "2", "python", "t.py"]) == status
-    seen = json.loads((tmp_path / "record.json").read_text())
+    seen = record()
     base = seen["env"]["PRTE_MCA_prte_local_tmpdir_base"]
     assert seen["base_existed"] and os.path.dirname(base) == str(tmp_path / "tmp")
     assert os.path.basename(base).startswith("coordrun-")
@@ -451,16 +459,12 @@ def test_open_mpi_launcher_gets_its_own_session_base_removed_however_it_ends(
 @pytest.mark.parametrize("name", ["PRTE_MCA_prte_tmpdir_base", "PRTE_MCA_prte_local_tmpdir_base",
                                   "OMPI_MCA_prte_tmpdir_base"])
 def test_a_session_base_the_user_chose_is_kept(monkeypatch, tmp_path, name):
-    monkeypatch.setenv("COORDINATOR_MPIRUN", session_launcher(tmp_path / "mpirun"))
-    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
-    monkeypatch.setenv("FAKE_END", "0")
-    for other in run.SESSION_SETTINGS:
-        monkeypatch.delenv(other, raising=False)
+    record = use_launcher(monkeypatch, tmp_path, session_launcher(tmp_path / "mpirun"))
     chosen = tmp_path / "mine"
     chosen.mkdir()
     monkeypatch.setenv(name, str(chosen))
     assert run.main(["-np", "2", "python", "t.py"]) == 0
-    env = json.loads((tmp_path / "record.json").read_text())["env"]
+    env = record()["env"]
     assert env[name] == str(chosen)
     assert [n for n in run.SESSION_SETTINGS if n in env] == [name]
     assert chosen.is_dir()  # not ours to remove
@@ -470,26 +474,19 @@ def test_a_session_base_the_user_chose_is_kept(monkeypatch, tmp_path, name):
                                       "--mca prte_tmpdir_base /scratch/mine",
                                       "--prtemca prte_remote_tmpdir_base /scratch/mine"])
 def test_a_session_base_on_the_command_line_is_kept(monkeypatch, tmp_path, mpi_args):
-    monkeypatch.setenv("COORDINATOR_MPIRUN", session_launcher(tmp_path / "mpirun"))
-    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
-    monkeypatch.setenv("FAKE_END", "0")
-    for other in run.SESSION_SETTINGS:
-        monkeypatch.delenv(other, raising=False)
+    record = use_launcher(monkeypatch, tmp_path, session_launcher(tmp_path / "mpirun"))
     assert run.main(["-np", "2", "--mpi-args", mpi_args, "python", "t.py"]) == 0
-    seen = json.loads((tmp_path / "record.json").read_text())
+    seen = record()
     assert "/scratch/mine" in seen["argv"]
     # prterun refuses prte_tmpdir_base beside prte_local_tmpdir_base
     assert not [n for n in run.SESSION_SETTINGS if n in seen["env"]]
 
 
 def test_a_hydra_launcher_gets_no_open_mpi_session_base(monkeypatch, tmp_path):
-    monkeypatch.setenv("COORDINATOR_MPIRUN", fake_launcher(tmp_path / "mpiexec",
-                                                           "HYDRA build details:"))
-    monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
-    for name in run.SESSION_SETTINGS:
-        monkeypatch.delenv(name, raising=False)
+    record = use_launcher(monkeypatch, tmp_path,
+                          fake_launcher(tmp_path / "mpiexec", "HYDRA build details:"))
     assert run.main(["-np", "2", "python", "t.py"]) == 0
-    env = json.loads((tmp_path / "record.json").read_text())["env"]
+    env = record()["env"]
     assert not [n for n in run.SESSION_SETTINGS if n in env]
 
 
