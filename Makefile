@@ -12,7 +12,7 @@ OUT ?= out
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: demo test install clean bench test-gpu
+.PHONY: demo test install clean bench test-gpu gpu-check
 
 install: $(STAMP)
 
@@ -48,6 +48,12 @@ bench: $(STAMP)
 # and coordinator/_wire. Elsewhere they skip, saying why.
 test-gpu:
 	bash .device/device_env.sh bash -c '$$MPIRUN2 $$PY -m pytest -q -rs -p no:cacheprovider tests/gpu'
+
+# Everything issue 13 measures on the GPU machine in one run of about 8
+# minutes: the GPU tests, bench --gpu, and the ResNet-18/50 steps against DDP
+# (tests/gpu/device_checks.sh; PARTS="bench r50" runs some of them).
+gpu-check:
+	bash tests/gpu/device_checks.sh $(PARTS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info coordinator/_wire $(OUT)

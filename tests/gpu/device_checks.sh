@@ -1,0 +1,43 @@
+#!/bin/bash
+# Issue 13's GPU checks in one run on the GPU machine, sized to fit one call
+# of its device tool (at most 10 minutes a command, 15 minutes a session,
+# start-up included). From a checkout there that carries .device and
+# coordinator/_wire (bash ../shared/gpu/prepare.sh readies .device here):
+#
+#     bash tests/gpu/device_checks.sh [tests] [bench] [r18] [r50]
+#
+# With no argument it runs all four, in that order, in about 8 minutes:
+#   tests  the GPU tests at np=2 (make test-gpu)
+#   bench  python -m coordinator.bench --gpu: (A) 64 MiB, (B) ResNet-50's 161
+#          gradients, against bare cupy.cuda.nccl
+#   r18    examples/torch/compare_ddp.py, ResNet-18 step against DDP (NCCL)
+#   r50    the same with ResNet-50
+# Each part has a time limit, so one that hangs leaves time for the rest.
+# Its whole output goes to $OUT/<part>.txt (./gpu-out without $OUT), its
+# last lines and exit status to stdout.
+cd "$(dirname "$0")/../.." || exit 1
+for part in "$@"; do
+  case $part in tests|bench|r18|r50) ;; *) echo "unknown part '$part' (tests, bench, r18, r50)" >&2; exit 2 ;; esac
+done
+# Install the carried wheels and build the native kernels once, for all parts.
+[ -n "$MPIRUN2" ] || exec bash .device/device_env.sh bash tests/gpu/device_checks.sh "$@"
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(tests bench r18 r50)
+nvidia-smi -L > "$out/smi.txt" 2>&1
+cat "$out/smi.txt"
+for part in "${parts[@]}"; do
+  case $part in
+    tests) limit=150 cmd='$MPIRUN2 $PY -m pytest -q -rs -p no:cacheprovider tests/gpu' keep=6 ;;
+    bench) limit=110 cmd='$MPIRUN2 $PY -m coordinator.bench --gpu' keep=8 ;;
+    r18) limit=130 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet18 --device cuda --ddp-backend nccl --batch-size 32 --rounds 8' keep=6 ;;
+    r50) limit=170 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6' keep=6 ;;
+  esac
+  echo "== $part (limit ${limit} s): $cmd"
+  start=$SECONDS
+  timeout -k 10 "$limit" bash -c "$cmd" > "$out/$part.txt" 2>&1
+  rc=$?
+  tail -n "$keep" "$out/$part.txt"
+  echo "== $part: exit $rc after $((SECONDS - start)) s"
+done
