@@ -4,6 +4,11 @@ communicator names, and importing Chainer 7.8.1 on a current toolchain."""
 import numpy as np
 import pytest
 
+from conftest import CHAINER_REASON, NO_CHAINER
+
+if NO_CHAINER:
+    pytest.skip(CHAINER_REASON, allow_module_level=True)
+
 import frontends.chainer as chainermn
 from frontends.chainer import _import_chainer
 from frontends.chainer.communicators import GPU_COMMUNICATORS

@@ -4,6 +4,11 @@ frontends.chainer: pseudo_connect, and the names a ChainerMN script imports."""
 import numpy as np
 import pytest
 
+from conftest import CHAINER_REASON, NO_CHAINER
+
+if NO_CHAINER:
+    pytest.skip(CHAINER_REASON, allow_module_level=True)
+
 import frontends.chainer as chainermn
 
 import chainer  # noqa: E402 (after the frontend, which makes Chainer importable)
