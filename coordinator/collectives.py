@@ -16,8 +16,6 @@ other ranks' copies of the operation fail at once, naming this rank and its
 reason, instead of waiting for it forever.
 """
 
-import contextlib
-
 import functools
 import itertools
 import numbers
@@ -78,17 +76,27 @@ def _name(prefix, name):
     return name
 
 
-@contextlib.contextmanager
-def _refusal(rt, name, op, ps, group_size=0):
+class _refusal:
     """Input errors raised inside go to the caller as they are, and to the
-    coordinator as this rank's refusal of the operation (see module doc)."""
-    try:
-        yield
-    except (ValueError, TypeError) as exc:
-        rt.queue.tell(Entry(name, op, process_set_id=ps.process_set_id,
-                            group=name if group_size else "", group_size=group_size,
-                            rejected=f"{type(exc).__name__}: {exc}"))
-        raise
+    coordinator as this rank's refusal of the operation (see module doc).
+    A class, not a generator: it wraps every submission, and
+    contextlib.contextmanager costs 0.9 us a use against 0.3 us."""
+
+    __slots__ = ("rt", "name", "op", "ps", "group_size")
+
+    def __init__(self, rt, name, op, ps, group_size=0):
+        self.rt, self.name, self.op, self.ps, self.group_size = rt, name, op, ps, group_size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, (ValueError, TypeError)):
+            self.rt.queue.tell(Entry(
+                self.name, self.op, process_set_id=self.ps.process_set_id,
+                group=self.name if self.group_size else "", group_size=self.group_size,
+                rejected=f"{kind.__name__}: {exc}"))
+        return False  # the error goes on to the caller
 
 
 def _process_set(process_set, rt, what):
@@ -192,16 +200,21 @@ def _submit(rt, entries, group=False):
     return rt.handles.add(list(entries) if group else entries[0])
 
 
-@contextlib.contextmanager
-def submitting_to_drive():
+class submitting_to_drive:
     """Around the submission of an operation this thread waits for at once:
     its push does not wake the background thread, because `drive` runs the
     loop on this thread next (nothing changes where driving is off)."""
-    if not _drives(runtime.current()):
-        yield
-        return
-    with tensor_queue.quiet_pushes():
-        yield
+
+    __slots__ = ("quiet",)
+
+    def __enter__(self):
+        self.quiet = tensor_queue.quiet_pushes() if _drives(runtime.current()) else None
+        if self.quiet is not None:
+            self.quiet.__enter__()
+
+    def __exit__(self, *exc_info):
+        if self.quiet is not None:
+            self.quiet.__exit__(*exc_info)
 
 
 def drive(handle):
@@ -238,8 +251,8 @@ def _blocking(async_fn):
 
 # ----------------------------------------------------------------- allreduce
 def _allreduce_entry(rt, tensor, name, op, prescale, postscale, ps, output, group="",
-                     group_size=0):
-    what = _label("allreduce", name)
+                     group_size=0, what=None):
+    what = what or _label("allreduce", name)
     arr, info, device = _array(tensor, what, reducible=True)
     if op == Adasum and info.dtype.kind != "f" and info.dtype != dtypes.BFLOAT16:
         raise ValueError(f"{what}: Adasum needs a floating-point tensor, not {info.name}")
@@ -258,12 +271,13 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     postscale * op(prescale * tensor); Average divides by the set's size.
     With `output`, the result is written there (pass the tensor for in place)."""
     name = _name("allreduce", name)
-    rt = _runtime_for(_label("allreduce", name))
-    ps = _process_set(process_set, rt, _label("allreduce", name))
+    what = _label("allreduce", name)
+    rt = _runtime_for(what)
+    ps = _process_set(process_set, rt, what)
     with _refusal(rt, name, pb.ALLREDUCE, ps):
-        op = _reduce_op(op, average, _label("allreduce", name))
+        op = _reduce_op(op, average, what)
         entry = _allreduce_entry(rt, tensor, name, op, prescale_factor, postscale_factor, ps,
-                                 output)
+                                 output, what=what)
     return _submit(rt, [entry])
 
 

@@ -101,8 +101,11 @@ def _submit(handle, call, finish, device=-1):
     event); failures keep Horovod's types: ValueError (bad arguments,
     duplicate names) as is, anything else as HorovodInternalError."""
     try:
-        with _tensors.on_torch_stream(device):
+        if device < 0:  # (no context manager for the CPU: 1 us a call)
             core_handle = call()
+        else:
+            with _tensors.on_torch_stream(device):
+                core_handle = call()
     except (HorovodInternalError, ValueError, TypeError, NotImplementedError):
         raise
     except RuntimeError as exc:
