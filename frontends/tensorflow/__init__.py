@@ -29,7 +29,7 @@ from frontends.tensorflow.collectives import (allreduce, grouped_allreduce,
                                               reducescatter)
 from frontends.tensorflow.compression import Compression
 from frontends.tensorflow.functions import (allgather_object, broadcast_, broadcast_object,
-                                            broadcast_variables)
+                                            broadcast_object_fn, broadcast_variables)
 from frontends.tensorflow.gradient_tape import (DistributedGradientTape,
                                                 PartialDistributedGradientTape)
 from frontends.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum,
@@ -91,7 +91,7 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
     "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
-    "broadcast_variables", "broadcast_object", "allgather_object",
+    "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
     "broadcast_global_variables", "Compression", "DistributedGradientTape",
     "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",
     "handle_average_backwards_compatibility",

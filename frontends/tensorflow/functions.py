@@ -72,8 +72,12 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 
 
 def _eager_only(what):
-    if not tf.executing_eagerly():
-        raise RuntimeError(f"{what} works on Python objects and runs eagerly; call it "
+    """Objects are exchanged on the host when the call is made: eagerly, or
+    with a TF1 graph as the default one (tf.compat.v1, where Horovod ran
+    them through a session; the core needs none). Not while a tf.function is
+    traced: the exchange would run once, at tracing, not at each call."""
+    if tf.inside_function():
+        raise RuntimeError(f"{what} works on Python objects and runs at once; call it "
                            "outside tf.function")
 
 
@@ -97,6 +101,19 @@ def broadcast_object(obj, root_rank=0, session=None, name=None,
     if core.rank() == root_rank:
         return obj
     return cloudpickle.loads(payload.tobytes())
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function that returns `root_rank`'s object on every rank of
+    `process_set`, call after call, as broadcast_object does (Horovod built
+    it for TF1 sessions; the core needs no session, so it also works
+    eagerly). Every call exchanges under the same name, `name` or
+    'broadcast_object_fn'."""
+    name = name or "broadcast_object_fn"
+
+    def _bcast(obj):
+        return broadcast_object(obj, root_rank, session, name, process_set)
+    return _bcast
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):

@@ -319,6 +319,17 @@ def case_broadcast_object_and_allgather_object(core):
     expect_raises(RuntimeError, tf.function(lambda: hvd.broadcast_object(1)))
 
 
+def case_broadcast_object_fn_gives_roots_object_call_after_call(core):
+    r = hvd.rank()
+    bcast = hvd.broadcast_object_fn(root_rank=1)
+    for step in range(3):
+        got = bcast({"step": step, "from": r, "data": np.arange(step + r)})
+        assert got["step"] == step and got["from"] == 1, got
+        assert_equal(got["data"], np.arange(step + 1))
+    named = hvd.broadcast_object_fn(root_rank=0, name="config")
+    assert named(["a", r]) == ["a", 0]
+
+
 # ------------------------------------------------------ gradient tape
 def _mlp(seed):
     keras.utils.set_random_seed(seed)

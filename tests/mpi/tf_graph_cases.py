@@ -113,6 +113,17 @@ def case_many_independent_collectives_in_one_session_run(core):
             _check(sess.run(fetches), built, "session.run")
 
 
+def case_objects_are_exchanged_with_a_tf1_graph_as_the_default(core):
+    """Horovod ran these through a session in TF1 graphs; here they need none."""
+    r = hvd.rank()
+    with tf.Graph().as_default():
+        assert not tf.executing_eagerly()
+        assert hvd.broadcast_object({"r": r}, root_rank=0) == {"r": 0}
+        assert hvd.allgather_object(r * 10) == [q * 10 for q in range(hvd.size())]
+        bcast = hvd.broadcast_object_fn(root_rank=hvd.size() - 1)
+        assert bcast(("cfg", r)) == ("cfg", hvd.size() - 1)
+
+
 def case_session_fetching_some_collectives(core):
     """Fetching a subset of a graph's collectives works, the same subset on
     every rank, run after run."""
