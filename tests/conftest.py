@@ -1,4 +1,3 @@
-import importlib.util
 import os
 import sys
 
@@ -6,11 +5,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# Chainer 7.8.1 imports only with NumPy 1, so an environment with NumPy 2 (make
-# test's second pass, the GPU machine's image) has no Chainer: its tests skip
-# there, saying why, as TensorFlow's do where TensorFlow is missing.
-NO_CHAINER = importlib.util.find_spec("chainer") is None
-CHAINER_REASON = "Chainer is not installed (Chainer 7.8.1 needs NumPy 1)"
+from chainer_presence import CHAINER_REASON, NO_CHAINER  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,7 @@ communicator names, and importing Chainer 7.8.1 on a current toolchain."""
 import numpy as np
 import pytest
 
-from conftest import CHAINER_REASON, NO_CHAINER
+from chainer_presence import CHAINER_REASON, NO_CHAINER
 
 if NO_CHAINER:
     pytest.skip(CHAINER_REASON, allow_module_level=True)

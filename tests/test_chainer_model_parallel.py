@@ -4,7 +4,7 @@ frontends.chainer: pseudo_connect, and the names a ChainerMN script imports."""
 import numpy as np
 import pytest
 
-from conftest import CHAINER_REASON, NO_CHAINER
+from chainer_presence import CHAINER_REASON, NO_CHAINER
 
 if NO_CHAINER:
     pytest.skip(CHAINER_REASON, allow_module_level=True)
