@@ -57,13 +57,19 @@ def _core_takes_devices():
 _cupy_streams = {}  # (device, torch stream handle) -> the CuPy stream over it
 
 
-@contextlib.contextmanager
+# For CPU tensors, on every submission and synchronize: a generator-based
+# context manager costs 0.9 us a use, this one 0.2.
+_NOTHING = contextlib.nullcontext()
+
+
 def on_torch_stream(device):
     """Makes torch's current stream on `device` CuPy's current stream too
     (nothing for the CPU, device -1)."""
-    if device < 0:
-        yield
-        return
+    return _NOTHING if device < 0 else _on_device_stream(device)
+
+
+@contextlib.contextmanager
+def _on_device_stream(device):
     cp = core_gpu.cupy()
     stream = torch.cuda.current_stream(device)
     key = (device, stream.cuda_stream)
