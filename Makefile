@@ -21,7 +21,7 @@ NUMPY2_TESTS := tests/test_core_mpi.py tests/test_fusion.py tests/test_native.py
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: demo test install clean bench test-gpu gpu-check
+.PHONY: demo test install clean bench test-gpu gpu-check gpu-prepare
 
 install: $(STAMP)
 
@@ -65,6 +65,13 @@ bench: $(STAMP)
 # and coordinator/_wire. Elsewhere they skip, saying why.
 test-gpu:
 	bash .device/device_env.sh bash -c '$$MPIRUN2 $$PY -m pytest -q -rs -p no:cacheprovider tests/gpu'
+
+# Readies .device/ here for the GPU machine (../shared/gpu/prepare.sh), plus
+# pytest's wheels, which its image lacks and that script does not fetch.
+gpu-prepare: $(STAMP)
+	bash ../shared/gpu/prepare.sh
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		-d .device/whl pytest pluggy iniconfig packaging
 
 # Everything issue 13 measures on the GPU machine in one run of about 8
 # minutes: the GPU tests, bench --gpu, and the ResNet-18/50 steps against DDP

@@ -2,7 +2,7 @@
 # Issue 13's GPU checks in one run on the GPU machine, sized to fit one call
 # of its device tool (at most 10 minutes a command, 15 minutes a session,
 # start-up included). From a checkout there that carries .device and
-# coordinator/_wire (bash ../shared/gpu/prepare.sh readies .device here):
+# coordinator/_wire (make gpu-prepare readies .device here):
 #
 #     bash tests/gpu/device_checks.sh [tests] [bench] [r18] [r50]
 #
