@@ -25,8 +25,8 @@ class Stall:
         where = f" in process set {self.key[0]}" if self.key[0] else ""
         return (f"{op_name(self.op)} of tensor '{self.name}'{where}: "
                 f"{format_ranks(self.missing)} "
-                f"did not submit it; {format_ranks(self.submitted)} have waited "
-                f"{self.waited:.1f} s")
+                f"did not submit it; {format_ranks(self.submitted)} "
+                f"{'has' if len(self.submitted) == 1 else 'have'} waited {self.waited:.1f} s")
 
 
 class StallInspector:

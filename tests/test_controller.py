@@ -254,6 +254,7 @@ def test_stall_warning_names_missing_ranks_and_expiry_fails_them():
     clock.now += 6
     (warning,) = ctl.inspect_stalls()
     assert "'slow'" in warning and "rank 1 did not submit it" in warning and "6.0 s" in warning
+    assert "ranks 0, 2 have waited" in warning
     assert ctl.inspect_stalls() == []  # not repeated within the check period
     clock.now += 5
     assert ctl.inspect_stalls() == []
