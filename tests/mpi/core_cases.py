@@ -21,6 +21,7 @@ ALL_DTYPES = REDUCE_DTYPES + [np.bool_]
 
 
 def data(rank, shape, dtype, seed=0):
+    """Rank `rank`'s input: small integers, exact in every dtype."""
     rng = np.random.default_rng(1000 * seed + rank)
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
@@ -39,7 +40,7 @@ def expect_raises(exc_type, fn, *args, **kwargs):
         fn(*args, **kwargs)
     except exc_type as exc:
         return exc
-    raise AssertionError(f"{fn.__name__} did not raise {exc_type.__name__}")
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
 
 
 def assert_equal(actual, expected, what=""):

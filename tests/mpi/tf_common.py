@@ -6,6 +6,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from core_cases import data, expect_raises  # noqa: E402,F401 (shared with the core's cases)
 
 _THREADS_SET = []
 
@@ -18,28 +19,9 @@ def configure_tensorflow():
         _THREADS_SET.append(True)
 
 
-def data(rank, shape, dtype, seed=0):
-    """Rank `rank`'s input: small integers, exact in every dtype."""
-    rng = np.random.default_rng(1000 * seed + rank)
-    dtype = np.dtype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if dtype.kind in "iu":
-        return rng.integers(1, 5, size=shape).astype(dtype)
-    return rng.integers(-8, 8, size=shape).astype(np.float32).astype(dtype)
-
-
 def both_modes(fn, *args):
     """[fn(*args) run eagerly, fn(*args) run inside a tf.function]."""
     return [("eager", fn(*args)), ("tf.function", tf.function(fn)(*args))]
-
-
-def expect_raises(exc_type, fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except exc_type as exc:
-        return exc
-    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {exc_type.__name__}")
 
 
 def assert_equal(actual, expected, what=""):
