@@ -147,6 +147,7 @@ class Collaborators:
     cycle: Any  # control_channel.Cycle: the negotiation cycle
     timeline: Any
     colocated: int  # ranks sharing this machine's CPUs
+    local_rank: int  # this rank's place on its host (HOROVOD_THREAD_AFFINITY)
     initial_process_sets: Mapping[int, tuple]
     members: Callable[[int], Any]  # process set id -> its global ranks
     set_rank_of: Callable[[int, int], int]  # (set, global rank) -> rank in the set
@@ -238,7 +239,9 @@ class Background:
         if self.is_coordinator and self.config.autotune:
             from coordinator.autotune import Autotuner
 
-            self.autotuner = Autotuner(self.controller, self.config.autotune_log)
+            self.autotuner = Autotuner(self.controller, self.config.autotune_log,
+                                       steps_per_sample=self.config.autotune_steps_per_sample,
+                                       warmup_samples=self.config.autotune_warmup_samples)
         self._shutdown_wanted = False
         self._shutdown_why = ""
         self._shutdown_sent = False
@@ -268,6 +271,7 @@ class Background:
     # --------------------------------------------------------------- loop
     def _main(self):
         _tighten_timer_slack()
+        self._pin()
         try:
             self._loop()
         except BaseException as exc:  # the thread must never die silently
@@ -286,6 +290,22 @@ class Background:
             # Nothing may wait for a thread that is gone.
             self.queue.fail_remaining(lambda e: ShutdownError(
                 f"{e.describe()}: the coordinator stopped before it completed"))
+
+    def _pin(self):
+        """HOROVOD_THREAD_AFFINITY: this thread runs on the core listed for
+        its local rank (the list wraps around), as Horovod's background
+        thread does. A core this process may not use is a warning, not an
+        error: the thread then runs where it would have."""
+        cores = self.config.thread_affinity
+        if not cores:
+            return
+        core = cores[self.parts.local_rank % len(cores)]
+        try:
+            os.sched_setaffinity(0, {core})  # 0: the calling thread (Linux)
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("HOROVOD_THREAD_AFFINITY: cannot pin the background thread of local "
+                        "rank %d to core %d (%s); it stays unpinned",
+                        self.parts.local_rank, core, exc)
 
     def _loop(self):
         sleeps = 0

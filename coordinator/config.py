@@ -7,7 +7,7 @@ keep working. Nothing else in the package reads `os.environ` for settings: the
 
 import dataclasses
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 MIB = 1024 * 1024
 
@@ -42,6 +42,20 @@ def _number(env, key, default, kind, minimum=None):
     return value
 
 
+def _cores(env, key):
+    """A comma-separated list of core ids (HOROVOD_THREAD_AFFINITY)."""
+    raw = env.get(key, "").strip()
+    if not raw:
+        return ()
+    try:
+        cores = tuple(int(item) for item in raw.split(","))
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not a comma-separated list of core ids") from None
+    if min(cores) < 0:
+        raise ValueError(f"{key}={raw!r}: core ids are 0 or more")
+    return cores
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     # Largest fused buffer in bytes; 0 disables fusion.
@@ -62,6 +76,13 @@ class Config:
     torus_allreduce: bool = False
     autotune: bool = False
     autotune_log: str = ""
+    # Samples discarded before tuning starts, and training steps per sample
+    # (HOROVOD_AUTOTUNE_WARMUP_SAMPLES, HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE).
+    autotune_warmup_samples: int = 1
+    autotune_steps_per_sample: int = 5
+    # HOROVOD_THREAD_AFFINITY: cores, one per local rank (comma-separated),
+    # to pin each rank's background thread to; empty: not pinned.
+    thread_affinity: Tuple[int, ...] = ()
     dynamic_process_sets: bool = False
     # Allreduces larger than this run as a sequence of MPI calls of this many
     # bytes (0: one call). Open MPI's large-message allreduce is several times
@@ -111,6 +132,11 @@ class Config:
             torus_allreduce=_bool(env, "HOROVOD_TORUS_ALLREDUCE", False),
             autotune=_bool(env, "HOROVOD_AUTOTUNE", False),
             autotune_log=env.get("HOROVOD_AUTOTUNE_LOG", ""),
+            autotune_warmup_samples=_number(env, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+                                            cls.autotune_warmup_samples, int, 0),
+            autotune_steps_per_sample=_number(env, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+                                              cls.autotune_steps_per_sample, int, 1),
+            thread_affinity=_cores(env, "HOROVOD_THREAD_AFFINITY"),
             dynamic_process_sets=_bool(env, "HOROVOD_DYNAMIC_PROCESS_SETS", False),
             segment_bytes=_number(env, "COORDINATOR_SEGMENT_BYTES", cls.segment_bytes, int, 0),
             pack_limit=_number(env, "COORDINATOR_PACK_LIMIT", cls.pack_limit, int, 0),

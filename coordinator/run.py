@@ -143,11 +143,10 @@ def make_parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", type=_hosts_type, metavar="HOST:SLOTS,...",
                        help="hosts and their slot counts, e.g. node1:4,node2:4")
-    where.add_argument("--hostfile", metavar="PATH",
+    where.add_argument("-hostfile", "--hostfile", dest="hostfile", metavar="PATH",
                        help="file of 'hostname slots=N' lines; # starts a comment")
     p.add_argument("--timeline-filename", metavar="PATH", help="write a timeline here")
-    p.add_argument("--timeline-mark-cycles", action="store_true",
-                   help="mark coordinator cycles in the timeline")
+    _on_off(p, "--timeline-mark-cycles", "mark coordinator cycles in the timeline")
     p.add_argument("--fusion-threshold-mb", type=_checked(float, 0.0), metavar="MB",
                    help="largest fused buffer in MiB; 0 disables fusion")
     p.add_argument("--cycle-time-ms", type=_checked(float, 0.0), metavar="MS",
@@ -161,12 +160,20 @@ def make_parser() -> argparse.ArgumentParser:
                    metavar="S", help="warn when a tensor waits this long for other ranks")
     p.add_argument("--stall-check-shutdown-time-seconds", type=_checked(float, 0.0),
                    metavar="S", help="shut down when a tensor waits this long; 0: never")
-    p.add_argument("--no-stall-check", action="store_true", help="disable stall checks")
+    stall = p.add_mutually_exclusive_group()
+    stall.add_argument("--no-stall-check", action="store_const", const=True,
+                       help="disable stall checks")
+    stall.add_argument("--stall-check", dest="no_stall_check", action="store_const",
+                       const=False, help=argparse.SUPPRESS)
     p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS)
-    p.add_argument("--hierarchical-allreduce", action="store_true")
+    _on_off(p, "--hierarchical-allreduce", "allreduce within each host, then across hosts")
     p.add_argument("--torus-allreduce", action="store_true")
-    p.add_argument("--autotune", action="store_true", help="tune fusion and cycle time")
+    _on_off(p, "--autotune", "tune fusion and cycle time", hide_off=True)
     p.add_argument("--autotune-log-file", metavar="PATH", help="log autotune samples here")
+    p.add_argument("--autotune-warmup-samples", type=_checked(int, 0), metavar="N",
+                   help="samples discarded before tuning (default: 1)")
+    p.add_argument("--autotune-steps-per-sample", type=_checked(int, 1), metavar="N",
+                   help="training steps per autotune sample (default: 5)")
     p.add_argument("--mpi-args", default="", metavar="ARGS",
                    help="extra mpirun arguments as one string; write --mpi-args='--opt' "
                         "when it is a single option")
@@ -175,7 +182,9 @@ def make_parser() -> argparse.ArgumentParser:
                         "may be repeated")
     p.add_argument("--verbose", action="store_true",
                    help="print the mpirun command line to stderr")
-    p.add_argument("--check-build", action="store_true",
+    p.add_argument("-v", "--version", action="version",
+                   version=f"coordrun {_version()} (horovodrun 0.28.1's flags)")
+    p.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                    help="show which frameworks and MPI features are available, then exit")
     _add_elastic_flags(p)
     _add_horovodrun_flags(p)
@@ -232,6 +241,17 @@ def _add_horovodrun_flags(p):
                    help="process binding arguments for mpirun (default: --bind-to none)")
     g.add_argument("--num-nccl-streams", type=_checked(int, 0), metavar="N",
                    help="NCCL streams per device (HOROVOD_NUM_NCCL_STREAMS)")
+    g.add_argument("--thread-affinity", type=_cores_type, metavar="CORE[,CORE...]",
+                   help="pin each rank's background thread to a core, one per local "
+                        "rank (HOROVOD_THREAD_AFFINITY)")
+    stamp = g.add_mutually_exclusive_group()
+    stamp.add_argument("--log-without-timestamp", "--log-hide-timestamp",
+                       dest="log_with_timestamp", action="store_const", const=False,
+                       help="log lines without the time (HOROVOD_LOG_HIDE_TIME)")
+    stamp.add_argument("--log-with-timestamp", "--no-log-hide-timestamp",
+                       dest="log_with_timestamp", action="store_const", const=True,
+                       help=argparse.SUPPRESS)
+    _add_ignored_flags(g)
     g.add_argument("--config-file", metavar="PATH",
                    help="horovodrun's YAML configuration; flags given on the command "
                         "line win")
@@ -240,6 +260,67 @@ def _add_horovodrun_flags(p):
                             help="run over MPI (always the case)")
     controller.add_argument("--gloo", dest="use_gloo", action="store_true",
                             help=argparse.SUPPRESS)
+    controller.add_argument("--jsrun", dest="use_jsrun", action="store_true",
+                            help=argparse.SUPPRESS)
+
+
+# horovodrun flags that have no meaning here: accepted, so that a horovodrun
+# command line runs unchanged, and named on stderr with the reason.
+IGNORED_FLAGS = {
+    "hierarchical_allgather": (
+        "--hierarchical-allgather", "allgather has no hierarchical variant here; it runs as "
+        "one MPI (or NCCL) allgather"),
+    "autotune_bayes_opt_max_samples": (
+        "--autotune-bayes-opt-max-samples", "the autotuner tries a fixed list of candidates "
+        "(coordinate descent), not Bayesian optimisation"),
+    "autotune_gaussian_process_noise": (
+        "--autotune-gaussian-process-noise", "the autotuner fits no Gaussian process"),
+    "mpi_threads_disable": (
+        "--mpi-threads-disable", "the coordinator calls MPI from its background thread and "
+        "the threads that wait, so it needs MPI's thread support"),
+    "gloo_timeout_seconds": ("--gloo-timeout-seconds", "there is no Gloo here"),
+}
+
+
+def _add_ignored_flags(g):
+    g.add_argument("--hierarchical-allgather", dest="hierarchical_allgather",
+                   action="store_const", const=True, help=argparse.SUPPRESS)
+    g.add_argument("--no-hierarchical-allgather", dest="hierarchical_allgather",
+                   action="store_const", const=False, help=argparse.SUPPRESS)
+    g.add_argument("--autotune-bayes-opt-max-samples", type=int, help=argparse.SUPPRESS)
+    g.add_argument("--autotune-gaussian-process-noise", type=float, help=argparse.SUPPRESS)
+    g.add_argument("--mpi-threads-disable", dest="mpi_threads_disable", action="store_const",
+                   const=True, help=argparse.SUPPRESS)
+    g.add_argument("--no-mpi-threads-disable", dest="mpi_threads_disable",
+                   action="store_const", const=False, help=argparse.SUPPRESS)
+    g.add_argument("--gloo-timeout-seconds", type=int, help=argparse.SUPPRESS)
+
+
+def _on_off(p, flag, help_text, hide_off=False):
+    """--flag and horovodrun's --no-flag: True, False, or None when neither
+    is given (then nothing is exported and the rank's environment decides)."""
+    dest = flag[2:].replace("-", "_")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(flag, dest=dest, action="store_const", const=True, help=help_text)
+    group.add_argument("--no-" + flag[2:], dest=dest, action="store_const", const=False,
+                       help=argparse.SUPPRESS if hide_off else f"turn {flag} off")
+
+
+def _cores_type(text):
+    try:
+        cores = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of core "
+                                         "ids") from None
+    if min(cores) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: core ids are 0 or more")
+    return ",".join(str(c) for c in cores)
+
+
+def _version():
+    from coordinator import __version__
+
+    return __version__
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -251,6 +332,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.use_gloo:
         parser.error("--gloo: this coordinator runs over MPI (and NCCL where there are "
                      "GPUs), not Gloo; drop --gloo (or write --mpi)")
+    if args.use_jsrun:
+        parser.error("--jsrun: this coordinator launches through mpirun (Open MPI or "
+                     "MPICH), not LSF's jsrun; drop --jsrun (or write --mpi)")
     if args.config_file is not None:
         from coordinator import run_config
 
@@ -259,6 +343,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              explicit=_given(argv))
         except ValueError as exc:
             parser.error(str(exc))
+    for dest, (flag, why) in IGNORED_FLAGS.items():
+        if getattr(args, dest, None) not in (None, False):
+            print(f"coordrun: {flag} has no effect here: {why}", file=sys.stderr)
     args.nics = [n for item in args.nics for n in item.split(",") if n]
     args.host_slots = args.hosts
     if args.hostfile is not None:
@@ -338,13 +425,17 @@ def _number(value) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
+def _flag(value) -> str:
+    return "1" if value else "0"
+
+
 def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
     """HOROVOD_* variables for the flags that were given; unset flags export nothing."""
     env = {}
     if args.timeline_filename is not None:
         env["HOROVOD_TIMELINE"] = args.timeline_filename
-    if args.timeline_mark_cycles:
-        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
+    if args.timeline_mark_cycles is not None:
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = _flag(args.timeline_mark_cycles)
     if args.fusion_threshold_mb is not None:
         env["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * MIB))
     if args.cycle_time_ms is not None:
@@ -358,18 +449,26 @@ def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
     if args.stall_check_shutdown_time_seconds is not None:
         env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = _number(
             args.stall_check_shutdown_time_seconds)
-    if args.no_stall_check:
-        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    if args.no_stall_check is not None:
+        env["HOROVOD_STALL_CHECK_DISABLE"] = _flag(args.no_stall_check)
     if args.log_level is not None:
         env["HOROVOD_LOG_LEVEL"] = args.log_level
-    if args.hierarchical_allreduce:
-        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    if args.hierarchical_allreduce is not None:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = _flag(args.hierarchical_allreduce)
     if args.torus_allreduce:
         env["HOROVOD_TORUS_ALLREDUCE"] = "1"
-    if args.autotune:
-        env["HOROVOD_AUTOTUNE"] = "1"
+    if args.autotune is not None:
+        env["HOROVOD_AUTOTUNE"] = _flag(args.autotune)
     if args.autotune_log_file is not None:
         env["HOROVOD_AUTOTUNE_LOG"] = args.autotune_log_file
+    if getattr(args, "autotune_warmup_samples", None) is not None:
+        env["HOROVOD_AUTOTUNE_WARMUP_SAMPLES"] = str(args.autotune_warmup_samples)
+    if getattr(args, "autotune_steps_per_sample", None) is not None:
+        env["HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"] = str(args.autotune_steps_per_sample)
+    if getattr(args, "thread_affinity", None) is not None:
+        env["HOROVOD_THREAD_AFFINITY"] = args.thread_affinity
+    if getattr(args, "log_with_timestamp", None) is not None:
+        env["HOROVOD_LOG_HIDE_TIME"] = _flag(not args.log_with_timestamp)
     if getattr(args, "num_nccl_streams", None) is not None:
         env["HOROVOD_NUM_NCCL_STREAMS"] = str(args.num_nccl_streams)
     if getattr(args, "start_timeout", None) is not None:

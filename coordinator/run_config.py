@@ -2,17 +2,17 @@
 
     params:            {fusion_threshold_mb, cycle_time_ms, cache_capacity,
                         hierarchical_allreduce}
-    autotune:          {enabled, log_file}
+    autotune:          {enabled, log_file, warmup_samples, steps_per_sample}
     timeline:          {filename, mark_cycles}
     stall_check:       {enabled, warning_time_seconds, shutdown_time_seconds}
     library_options:   {num_nccl_streams}
-    logging:           {level}
+    logging:           {level, with_timestamp}
     controller:        mpi  (gloo is refused)
 
 Flags given on the command line win over the file. Keys horovodrun knows
 that have no meaning here (hierarchical_allgather, mpi_threads_disable,
-ccl_bgt_affinity, gloo_timeout_seconds, the autotune tuning knobs,
-logging.with_timestamp) are accepted and ignored; unknown keys are errors.
+ccl_bgt_affinity, gloo_timeout_seconds, the autotune's Bayesian
+optimisation knobs) are accepted and ignored; unknown keys are errors.
 The file is read with PyYAML when it is installed, otherwise with a small
 reader for the nested mappings of scalars such files hold.
 """
@@ -31,8 +31,8 @@ SECTIONS = {
     "autotune": {
         "enabled": ("autotune", bool),
         "log_file": ("autotune_log_file", str),
-        "warmup_samples": (None, int),
-        "steps_per_sample": (None, int),
+        "warmup_samples": ("autotune_warmup_samples", int),
+        "steps_per_sample": ("autotune_steps_per_sample", int),
         "bayes_opt_max_samples": (None, int),
         "gaussian_process_noise": (None, float),
     },
@@ -53,7 +53,7 @@ SECTIONS = {
     },
     "logging": {
         "level": ("log_level", "level"),
-        "with_timestamp": (None, bool),
+        "with_timestamp": ("log_with_timestamp", bool),
     },
 }
 

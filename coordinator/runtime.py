@@ -95,6 +95,7 @@ class Runtime:
                                        self.config.cycle_payload_bytes // 8),
             timeline=self.timeline,
             colocated=self.size if topo.simulated else topo.local_size,
+            local_rank=topo.local_rank,
             initial_process_sets=dict(self.initial_process_sets),
             members=self.process_sets.members, set_rank_of=self.set_rank_of,
             apply_process_set_change=self.apply_process_set_change, fatal=self.fatal,

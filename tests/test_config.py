@@ -31,7 +31,21 @@ def test_horovod_variables_are_honoured():
     assert cfg.autotune and cfg.autotune_log == "/tmp/a.csv" and cfg.dynamic_process_sets
 
 
+def test_autotune_knobs_and_thread_affinity():
+    cfg = Config.from_env({})
+    assert cfg.autotune_warmup_samples == 1 and cfg.autotune_steps_per_sample == 5
+    assert cfg.thread_affinity == ()
+    cfg = Config.from_env({"HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "3",
+                           "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "10",
+                           "HOROVOD_THREAD_AFFINITY": "3, 1"})
+    assert cfg.autotune_warmup_samples == 3 and cfg.autotune_steps_per_sample == 10
+    assert cfg.thread_affinity == (3, 1)
+
+
 @pytest.mark.parametrize("key,value,fragment", [
+    ("HOROVOD_THREAD_AFFINITY", "0,x", "is not a comma-separated list of core ids"),
+    ("HOROVOD_THREAD_AFFINITY", "-2", "core ids are 0 or more"),
+    ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "0", "must be at least 1"),
     ("HOROVOD_FUSION_THRESHOLD", "lots", "is not a number"),
     ("HOROVOD_FUSION_THRESHOLD", "-1", "must be at least 0"),
     ("HOROVOD_STALL_CHECK_DISABLE", "maybe", "is not a boolean"),

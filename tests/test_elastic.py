@@ -501,7 +501,9 @@ def test_config_file_sets_what_the_command_line_does_not(tmp_path):
     path.write_text("params:\n  fusion_threshold_mb: 32\n  cycle_time_ms: 2  # ms\n"
                     "timeline:\n  filename: /tmp/t.json\n  mark_cycles: true\n"
                     "stall_check:\n  enabled: false\n  warning_time_seconds: 9\n"
-                    "logging:\n  level: DEBUG\ncontroller: mpi\n")
+                    "logging:\n  level: DEBUG\n  with_timestamp: false\n"
+                    "autotune:\n  warmup_samples: 2\n  steps_per_sample: 7\n"
+                    "  bayes_opt_max_samples: 20\ncontroller: mpi\n")
     args = run.parse_args(["-np", "2", "--cycle-time-ms", "5", "--config-file", str(path),
                            "python", "t.py"])
     env = run.horovod_env(args)
@@ -510,6 +512,9 @@ def test_config_file_sets_what_the_command_line_does_not(tmp_path):
     assert env["HOROVOD_TIMELINE"] == "/tmp/t.json" and env["HOROVOD_TIMELINE_MARK_CYCLES"] == "1"
     assert env["HOROVOD_STALL_CHECK_DISABLE"] == "1"
     assert env["HOROVOD_STALL_CHECK_TIME_SECONDS"] == "9" and env["HOROVOD_LOG_LEVEL"] == "debug"
+    assert env["HOROVOD_LOG_HIDE_TIME"] == "1"
+    assert env["HOROVOD_AUTOTUNE_WARMUP_SAMPLES"] == "2"
+    assert env["HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"] == "7"
 
 
 @pytest.mark.parametrize("text,message", [

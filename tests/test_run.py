@@ -106,6 +106,18 @@ def test_unset_flags_export_no_horovod_variables():
     (["--torus-allreduce"], {"HOROVOD_TORUS_ALLREDUCE": "1"}),
     (["--autotune", "--autotune-log-file", "tune.csv"],
      {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "tune.csv"}),
+    # horovodrun's --no-* forms say "off" over whatever the environment says.
+    (["--no-hierarchical-allreduce"], {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}),
+    (["--no-autotune"], {"HOROVOD_AUTOTUNE": "0"}),
+    (["--no-timeline-mark-cycles"], {"HOROVOD_TIMELINE_MARK_CYCLES": "0"}),
+    (["--stall-check"], {"HOROVOD_STALL_CHECK_DISABLE": "0"}),
+    (["--autotune", "--autotune-warmup-samples", "3", "--autotune-steps-per-sample", "10"],
+     {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "3",
+      "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "10"}),
+    (["--thread-affinity", "0,1"], {"HOROVOD_THREAD_AFFINITY": "0,1"}),
+    (["--log-without-timestamp"], {"HOROVOD_LOG_HIDE_TIME": "1"}),
+    (["--log-hide-timestamp"], {"HOROVOD_LOG_HIDE_TIME": "1"}),
+    (["--log-with-timestamp"], {"HOROVOD_LOG_HIDE_TIME": "0"}),
 ])
 def test_each_flag_sets_its_horovod_variable_for_every_rank(flags, expected):
     argv, env = build("-np", "2", *flags, "python", "train.py")
@@ -115,6 +127,44 @@ def test_each_flag_sets_its_horovod_variable_for_every_rank(flags, expected):
     argv, env = build("-np", "2", *flags, "python", "train.py", launcher=MPICH)
     genv = exported_hydra(argv)
     assert {k: v for k, v in genv.items() if k.startswith("HOROVOD_")} == expected
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--hierarchical-allgather"], "--hierarchical-allgather"),
+    (["--autotune-bayes-opt-max-samples", "20"], "--autotune-bayes-opt-max-samples"),
+    (["--autotune-gaussian-process-noise", "0.8"], "--autotune-gaussian-process-noise"),
+    (["--mpi-threads-disable"], "--mpi-threads-disable"),
+    (["--gloo-timeout-seconds", "30"], "--gloo-timeout-seconds"),
+])
+def test_horovodrun_flags_without_meaning_here_run_and_say_so(capsys, flags, named):
+    argv, env = build("-np", "2", *flags, "python", "train.py")
+    assert not [name for name in env if name.startswith("HOROVOD_")]
+    assert argv[-2:] == ["python", "train.py"]
+    assert f"coordrun: {named} has no effect here" in capsys.readouterr().err
+
+
+def test_horovodrun_spellings_of_flags_are_accepted(capsys, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\n")
+    args = run.parse_args(["-hostfile", str(hostfile), "python", "t.py"])
+    assert args.host_slots == [("node1", 2)] and args.np == 2
+    assert run.parse_args(["-cb"]).check_build
+    # Turning off what was never on says nothing, as in horovodrun.
+    build("-np", "2", "--no-hierarchical-allgather", "--no-mpi-threads-disable", "python")
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as exc:
+        run.parse_args(["--version"])
+    assert exc.value.code == 0 and "coordrun 0.1.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--jsrun"], "not LSF's jsrun"),
+    (["--thread-affinity", "x"], "is not a comma-separated list of core ids"),
+    (["--thread-affinity", "-1"], "core ids are 0 or more"),
+    (["--hierarchical-allreduce", "--no-hierarchical-allreduce"], "not allowed with"),
+])
+def test_bad_horovodrun_flags_are_usage_errors(capsys, argv, message):
+    assert message in usage_error(capsys, "-np", "2", *argv, "python")
 
 
 def test_openmpi_exports_by_name_and_puts_values_in_the_environment():
@@ -632,6 +682,51 @@ def test_hostfile_in_horovodrun_format_is_accepted_by_mpirun(tmp_path):
     proc = coordrun("--hostfile", str(hostfile), sys.executable, "-c", CHILD)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(rank_reports(proc.stdout)) == [0, 1]
+
+
+PINNED = """
+import json, os, time
+import coordinator as hvd
+from coordinator import runtime
+hvd.init()
+bg = runtime.current().background
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline and len(os.sched_getaffinity(bg.thread.native_id)) > 1:
+    time.sleep(0.01)
+tuner = bg.autotuner
+print("RANK " + json.dumps({
+    "rank": hvd.rank(), "local_rank": hvd.local_rank(),
+    "background": sorted(os.sched_getaffinity(bg.thread.native_id)),
+    "caller": sorted(os.sched_getaffinity(0)),
+    "tuner": tuner and [tuner.warmup_samples, tuner.steps_per_sample]}))
+hvd.shutdown()
+"""
+
+
+@pytest.mark.mpi
+def test_thread_affinity_pins_each_local_ranks_background_thread_only():
+    cores = sorted(os.sched_getaffinity(0))
+    wanted = [cores[-1], cores[0]]  # local rank 0 on the last core, 1 on the first
+    proc = coordrun("-np", "2", "--thread-affinity", f"{wanted[0]},{wanted[1]}",
+                    "--autotune", "--autotune-warmup-samples", "2",
+                    "--autotune-steps-per-sample", "7", sys.executable, "-c", PINNED)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = rank_reports(proc.stdout)
+    assert sorted(ranks) == [0, 1], proc.stdout + proc.stderr
+    for report in ranks.values():
+        assert report["background"] == [wanted[report["local_rank"]]], report
+        assert report["caller"] == cores, report  # the training thread is left alone
+    assert ranks[0]["tuner"] == [2, 7] and ranks[1]["tuner"] is None
+
+
+def test_a_core_this_process_cannot_use_is_a_warning_not_an_error():
+    env = dict(os.environ, HOROVOD_THREAD_AFFINITY=str(max(os.sched_getaffinity(0)) + 64))
+    code = "import coordinator as hvd, numpy as np; hvd.init(); " \
+           "assert hvd.allreduce(np.ones(3)).tolist() == [1, 1, 1]; hvd.shutdown()"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "cannot pin the background thread of local rank 0" in proc.stderr
 
 
 @pytest.mark.mpi
