@@ -73,7 +73,7 @@ gpu-prepare: $(STAMP)
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 		-d .device/whl pytest pluggy iniconfig packaging
 
-# Everything issue 13 measures on the GPU machine in one run of about 8
+# Everything issue 13 measures on the GPU machine in one run of at most 8.5
 # minutes: the GPU tests, bench --gpu, and the ResNet-18/50 steps against DDP
 # (tests/gpu/device_checks.sh; PARTS="bench r50" runs some of them).
 gpu-check:
