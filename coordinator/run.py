@@ -344,7 +344,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         except ValueError as exc:
             parser.error(str(exc))
     for dest, (flag, why) in IGNORED_FLAGS.items():
-        if getattr(args, dest, None) not in (None, False):
+        value = getattr(args, dest, None)
+        if value is not None and value is not False:  # (given, and not a --no- form)
             print(f"coordrun: {flag} has no effect here: {why}", file=sys.stderr)
     args.nics = [n for item in args.nics for n in item.split(",") if n]
     args.host_slots = args.hosts
