@@ -71,7 +71,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
             for var in variables]
 
 
-def _eager_only(what):
+def _outside_tf_function(what):
     """Objects are exchanged on the host when the call is made: eagerly, or
     with a TF1 graph as the default one (tf.compat.v1, where Horovod ran
     them through a session; the core needs none). Not while a tf.function is
@@ -85,7 +85,7 @@ def broadcast_object(obj, root_rank=0, session=None, name=None,
                      process_set=global_process_set):
     """Returns `root_rank`'s `obj` (pickled with cloudpickle) on every rank
     of `process_set`. `session` is accepted for compatibility (TF1)."""
-    _eager_only("broadcast_object")
+    _outside_tf_function("broadcast_object")
     name = name or type(obj).__name__
     if core.rank() == root_rank:
         payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
@@ -119,7 +119,7 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """Returns the list of every rank's `obj` (pickled with cloudpickle), in
     rank order of `process_set`."""
-    _eager_only("allgather_object")
+    _outside_tf_function("allgather_object")
     name = name or type(obj).__name__
     payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
     lengths = errors.call(core.allgather, np.array([payload.size], np.int64),
