@@ -265,7 +265,8 @@ def _add_horovodrun_flags(p):
 
 
 # horovodrun flags that have no meaning here: accepted, so that a horovodrun
-# command line runs unchanged, and named on stderr with the reason.
+# command line (or --config-file) runs unchanged, and named on stderr with the
+# reason.
 IGNORED_FLAGS = {
     "hierarchical_allgather": (
         "--hierarchical-allgather", "allgather has no hierarchical variant here; it runs as "
@@ -346,7 +347,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for dest, (flag, why) in IGNORED_FLAGS.items():
         value = getattr(args, dest, None)
         if value is not None and value is not False:  # (given, and not a --no- form)
-            print(f"coordrun: {flag} has no effect here: {why}", file=sys.stderr)
+            print(f"coordrun: {flag} (or its --config-file key) has no effect here: {why}",
+                  file=sys.stderr)
     args.nics = [n for item in args.nics for n in item.split(",") if n]
     args.host_slots = args.hosts
     if args.hostfile is not None:

@@ -11,8 +11,9 @@
 
 Flags given on the command line win over the file. Keys horovodrun knows
 that have no meaning here (hierarchical_allgather, mpi_threads_disable,
-ccl_bgt_affinity, gloo_timeout_seconds, the autotune's Bayesian
-optimisation knobs) are accepted and ignored; unknown keys are errors.
+gloo_timeout_seconds, the autotune's Bayesian optimisation knobs) are
+accepted and named on stderr, as their flags are (run.IGNORED_FLAGS);
+ccl_bgt_affinity is accepted silently; unknown keys are errors.
 The file is read with PyYAML when it is installed, otherwise with a small
 reader for the nested mappings of scalars such files hold.
 """
@@ -26,15 +27,15 @@ SECTIONS = {
         "cycle_time_ms": ("cycle_time_ms", float),
         "cache_capacity": ("cache_capacity", int),
         "hierarchical_allreduce": ("hierarchical_allreduce", bool),
-        "hierarchical_allgather": (None, bool),
+        "hierarchical_allgather": ("hierarchical_allgather", bool),
     },
     "autotune": {
         "enabled": ("autotune", bool),
         "log_file": ("autotune_log_file", str),
         "warmup_samples": ("autotune_warmup_samples", int),
         "steps_per_sample": ("autotune_steps_per_sample", int),
-        "bayes_opt_max_samples": (None, int),
-        "gaussian_process_noise": (None, float),
+        "bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", int),
+        "gaussian_process_noise": ("autotune_gaussian_process_noise", float),
     },
     "timeline": {
         "filename": ("timeline_filename", str),
@@ -47,9 +48,9 @@ SECTIONS = {
     },
     "library_options": {
         "num_nccl_streams": ("num_nccl_streams", int),
-        "mpi_threads_disable": (None, bool),
+        "mpi_threads_disable": ("mpi_threads_disable", bool),
         "ccl_bgt_affinity": (None, int),
-        "gloo_timeout_seconds": (None, int),
+        "gloo_timeout_seconds": ("gloo_timeout_seconds", int),
     },
     "logging": {
         "level": ("log_level", "level"),

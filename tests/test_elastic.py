@@ -517,6 +517,19 @@ def test_config_file_sets_what_the_command_line_does_not(tmp_path):
     assert env["HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"] == "7"
 
 
+def test_config_file_keys_without_meaning_here_are_named_like_their_flags(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("params:\n  hierarchical_allgather: true\n"
+                    "library_options:\n  mpi_threads_disable: false\n"
+                    "  gloo_timeout_seconds: 60\n  ccl_bgt_affinity: 1\n")
+    env = run.horovod_env(run.parse_args(["-np", "2", "--config-file", str(path), "python"]))
+    assert not [name for name in env if name.startswith("HOROVOD_")]
+    err = capsys.readouterr().err
+    assert "--hierarchical-allgather (or its --config-file key) has no effect here" in err
+    assert "--gloo-timeout-seconds (or its --config-file key) has no effect here" in err
+    assert "mpi-threads-disable" not in err and "ccl" not in err  # off, or silent
+
+
 @pytest.mark.parametrize("text,message", [
     ("params:\n  fusion: 3\n", "unknown key params.fusion"),
     ("controller: gloo\n", "not Gloo"), ("params:\n  cache_capacity: -1\n", ">= 0"),

@@ -140,7 +140,8 @@ def test_horovodrun_flags_without_meaning_here_run_and_say_so(capsys, flags, nam
     argv, env = build("-np", "2", *flags, "python", "train.py")
     assert not [name for name in env if name.startswith("HOROVOD_")]
     assert argv[-2:] == ["python", "train.py"]
-    assert f"coordrun: {named} has no effect here" in capsys.readouterr().err
+    assert f"coordrun: {named} (or its --config-file key) has no effect here" in \
+        capsys.readouterr().err
 
 
 def test_horovodrun_spellings_of_flags_are_accepted(capsys, tmp_path):
