@@ -42,18 +42,26 @@ def _number(env, key, default, kind, minimum=None):
     return value
 
 
+def parse_cores(text):
+    """A comma-separated list of core ids (HOROVOD_THREAD_AFFINITY,
+    coordrun --thread-affinity) as a tuple; ValueError saying what is wrong."""
+    try:
+        cores = tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of core ids") from None
+    if min(cores) < 0:
+        raise ValueError(f"{text!r}: core ids are 0 or more")
+    return cores
+
+
 def _cores(env, key):
-    """A comma-separated list of core ids (HOROVOD_THREAD_AFFINITY)."""
     raw = env.get(key, "").strip()
     if not raw:
         return ()
     try:
-        cores = tuple(int(item) for item in raw.split(","))
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not a comma-separated list of core ids") from None
-    if min(cores) < 0:
-        raise ValueError(f"{key}={raw!r}: core ids are 0 or more")
-    return cores
+        return parse_cores(raw)
+    except ValueError as exc:
+        raise ValueError(f"{key}={exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)

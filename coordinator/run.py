@@ -308,14 +308,12 @@ def _on_off(p, flag, help_text, hide_off=False):
 
 
 def _cores_type(text):
+    from coordinator.config import parse_cores
+
     try:
-        cores = [int(item) for item in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of core "
-                                         "ids") from None
-    if min(cores) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: core ids are 0 or more")
-    return ",".join(str(c) for c in cores)
+        return ",".join(str(c) for c in parse_cores(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _version():
