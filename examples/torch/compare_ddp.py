@@ -17,6 +17,11 @@ machine's load hits all alike; "local" (no communication) runs too as the
 floor. Rank 0 prints the median step time of each and the median over
 rounds of the paired ratio ours / DDP.
 
+`--profile N` then runs N more steps of each implementation under
+torch.profiler and prints where each step's GPU time went (step_profile.py):
+the NCCL calls, when backward's kernels ended, the tail after them; the
+traces stay in `--profile-dir` for Perfetto.
+
 On a machine where the ranks' compute threads use every core, the figure
 depends on Open MPI's mpi_yield_when_idle: without it a rank that enters a
 blocking collective before its peer spins on a core the peer's compute needs
@@ -103,6 +108,20 @@ def timed_steps(model, opt, x, y, steps):
     return times
 
 
+def annotated_step(x, y):
+    """One step as timed_steps runs it, its phases annotated for the profiler."""
+    def step(model, opt, annotate):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        with annotate("backward"):
+            loss.backward()
+        with annotate("optimizer"):
+            opt.step()
+        if x.is_cuda:
+            torch.cuda.synchronize()
+    return step
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="small_cnn",
@@ -117,6 +136,10 @@ def main():
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: cores / local ranks)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then profile N steps of each and print where their GPU time went")
+    parser.add_argument("--profile-dir", default=os.environ.get("OUT", "."),
+                        help="where the profiler's traces go (default: $OUT or .)")
     args = parser.parse_args()
 
     hvd.init()
@@ -169,6 +192,18 @@ def main():
               f"IQR {q1:.3f}-{q3:.3f}); ratio of medians {med['ours'] / med['ddp']:.3f}; "
               f"ours - local = {(med['ours'] - med['local']) * 1e3:+.2f} ms, "
               f"ddp - local = {(med['ddp'] - med['local']) * 1e3:+.2f} ms")
+    if args.profile:
+        import step_profile
+
+        profiled = step_profile.profile_steps(steppers, order, annotated_step(x, y), args.profile,
+                                              args.profile_dir, rank, hvd.barrier)
+        for r in range(size):
+            hvd.barrier()
+            if r == rank:
+                print(f"rank {rank}: where the GPU time of a step went "
+                      f"(traces in {args.profile_dir})", flush=True)
+                for name in order:
+                    print("\n".join(step_profile.report(name, profiled[name])), flush=True)
     dist.destroy_process_group()
     hvd.shutdown()
 

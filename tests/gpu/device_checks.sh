@@ -13,12 +13,17 @@
 #          gradients, against bare cupy.cuda.nccl
 #   r18    examples/torch/compare_ddp.py, ResNet-18 step against DDP (NCCL)
 #   r50    the same with ResNet-50
+#   p18    ResNet-18 again, 3 steps of each implementation under torch.profiler:
+#          per step, its NCCL calls on the device clock, when backward's
+#          kernels ended, the tail after them (compare_ddp.py --profile; the
+#          traces go to $OUT/p18). Not in the default set: name it.
+#   p50    the same with ResNet-50
 # Each part has a time limit, so one that hangs leaves time for the rest.
 # Its whole output goes to $OUT/<part>.txt (./gpu-out without $OUT), its
 # last lines and exit status to stdout.
 cd "$(dirname "$0")/../.." || exit 1
 for part in "$@"; do
-  case $part in tests|bench|r18|r50) ;; *) echo "unknown part '$part' (tests, bench, r18, r50)" >&2; exit 2 ;; esac
+  case $part in tests|bench|r18|r50|p18|p50) ;; *) echo "unknown part '$part' (tests, bench, r18, r50, p18, p50)" >&2; exit 2 ;; esac
 done
 # Install the carried wheels and build the native kernels once, for all parts.
 [ -n "$MPIRUN2" ] || exec bash .device/device_env.sh bash tests/gpu/device_checks.sh "$@"
@@ -34,6 +39,8 @@ for part in "${parts[@]}"; do
     bench) limit=100 cmd='$MPIRUN2 $PY -m coordinator.bench --gpu' keep=8 ;;
     r18) limit=120 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet18 --device cuda --ddp-backend nccl --batch-size 32 --rounds 8' keep=6 ;;
     r50) limit=150 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6' keep=6 ;;
+    p18|p50) limit=120 model=resnet${part#p}
+      cmd="\$MPIRUN2 \$PY examples/torch/compare_ddp.py --model $model --device cuda --ddp-backend nccl --batch-size 32 --rounds 2 --profile 3 --profile-dir $out/$part" keep=40 ;;
   esac
   echo "== $part (limit ${limit} s): $cmd"
   start=$SECONDS
