@@ -7,7 +7,10 @@ backend, the NCCL backend's bookkeeping and the device-fusion kernels
 What it cannot show: anything about real streams, events, CUDA or NCCL.
 Its streams run nothing asynchronously (every copy happens at once, every
 event has fired), and FakeNccl runs each NCCL call as the matching MPI call
-on host memory.
+on host memory. A FakeNccl given a latency and bandwidth makes its calls
+take time on their stream: the data moves at once, but the stream's events
+fire only once the calls would have run (to study how the background thread
+waits for a GPU; tests/scripts/gpu_hook_contention.py).
 """
 
 import ctypes
@@ -108,12 +111,19 @@ class _Event:
     def __init__(self, **_):
         self.stream = None
         self.time = None
+        self.done_at = 0.0
 
     def record(self, stream=None):
         self.stream = stream
-        self.time = time.perf_counter()  # the fake's device work is done at once
+        self.time = time.perf_counter()
+        # The fake's device work is done at once, unless its stream was made
+        # to spend time (a timed FakeNccl): then once that time has passed.
+        stream = stream if stream is not None else _Stream.current_stream()
+        self.done_at = max(self.time, stream.busy_until)
 
-    done = True
+    @property
+    def done(self):
+        return time.perf_counter() >= self.done_at
 
 
 class _Stream:
@@ -123,6 +133,15 @@ class _Stream:
         self.ptr = id(self)
         self.non_blocking = non_blocking
         self.waited = []
+        self.busy_until = 0.0  # when the work queued on it would be done
+
+    @staticmethod
+    def current_stream():
+        return (_Stream.current or [_NULL])[-1]
+
+    def spend(self, seconds):
+        """Queues `seconds` of work: it starts once the stream is free."""
+        self.busy_until = max(time.perf_counter(), self.busy_until) + seconds
 
     def __enter__(self):
         _Stream.current.append(self)
@@ -133,9 +152,10 @@ class _Stream:
 
     def wait_event(self, event):
         self.waited.append(event)
+        self.busy_until = max(self.busy_until, event.done_at)
 
     def synchronize(self):
-        pass
+        time.sleep(max(0.0, self.busy_until - time.perf_counter()))
 
 
 _NULL = _Stream()
@@ -164,7 +184,7 @@ def fake_cupy(nccl=None, kernels=None):
         memcpyDeviceToHost=2, memcpyDeviceToDevice=3, memcpyDefault=4)
     cuda = types.SimpleNamespace(
         Device=_DeviceContext, Stream=_Stream, Event=_Event, runtime=runtime,
-        get_current_stream=lambda device_id=-1: (_Stream.current or [_NULL])[-1],
+        get_current_stream=lambda device_id=-1: _Stream.current_stream(),
         get_elapsed_time=lambda start, end: (end.time - start.time) * 1e3,
         alloc_pinned_memory=bytearray)
     if nccl is not None:
@@ -286,11 +306,22 @@ class FakeNccl:
     NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
     available = True
 
-    def __init__(self, comm):
+    def __init__(self, comm, latency=None, bandwidth=None):
         self.comm = comm
         self.group = None
-        self.calls = []  # (call, nbytes), for the tests
+        self.calls = []  # (call, element count), for the tests
         self._ids = 0
+        # With a latency (s) and bandwidth (bytes/s), each call keeps its
+        # stream busy for latency + bytes / bandwidth (see _Stream.spend), as
+        # NCCL over sockets does; the data still moves at once.
+        self.latency = latency
+        self.bandwidth = bandwidth
+
+    def called(self, name, count, dtype):
+        self.calls.append((name, count))
+        if self.latency is not None:
+            nbytes = count * np.dtype(_NCCL_DTYPES[dtype]).itemsize
+            _Stream.current_stream().spend(self.latency + nbytes / self.bandwidth)
 
     def get_unique_id(self):
         """Unique per call and caller: the world rank and a count."""
@@ -347,7 +378,7 @@ class _FakeNcclComm:
     def allReduce(self, send, recv, count, dtype, op, stream):
         from mpi4py import MPI
 
-        self.nccl.calls.append(("allReduce", count))
+        self.nccl.called("allReduce", count, dtype)
         if dtype == FakeNccl.NCCL_BFLOAT16:
             self._bfloat16_allreduce(send, recv, count, op)
             return
@@ -368,14 +399,14 @@ class _FakeNcclComm:
         self.nccl.run(self.comm.Iallreduce(wide, total, self._op(op)), narrow)
 
     def broadcast(self, send, recv, count, dtype, root, stream):
-        self.nccl.calls.append(("broadcast", count))
+        self.nccl.called("broadcast", count, dtype)
         out = _host(recv, count, _NCCL_DTYPES[dtype])
         if self.comm.rank == root and send != recv:
             out[:] = _host(send, count, _NCCL_DTYPES[dtype])
         self.nccl.run(self.comm.Ibcast(out, root=root))
 
     def reduceScatter(self, send, recv, count, dtype, op, stream):
-        self.nccl.calls.append(("reduceScatter", count))
+        self.nccl.called("reduceScatter", count, dtype)
         size = self.comm.size
         src = _host(send, count * size, _NCCL_DTYPES[dtype])
         out = _host(recv, count, _NCCL_DTYPES[dtype])
@@ -388,18 +419,18 @@ class _FakeNcclComm:
     def allGather(self, send, recv, count, dtype, stream):
         from mpi4py import MPI
 
-        self.nccl.calls.append(("allGather", count))
+        self.nccl.called("allGather", count, dtype)
         out = _host(recv, count * self.comm.size, _NCCL_DTYPES[dtype])
         in_place = send == recv + self.comm.rank * count * np.dtype(_NCCL_DTYPES[dtype]).itemsize
         src = MPI.IN_PLACE if in_place else _host(send, count, _NCCL_DTYPES[dtype])
         self.nccl.run(self.comm.Iallgather(src, out))
 
     def send(self, ptr, count, dtype, peer, stream):
-        self.nccl.calls.append(("send", count))
+        self.nccl.called("send", count, dtype)
         self.nccl.run(self.comm.Isend(_host(ptr, count, _NCCL_DTYPES[dtype]), peer, 5))
 
     def recv(self, ptr, count, dtype, peer, stream):
-        self.nccl.calls.append(("recv", count))
+        self.nccl.called("recv", count, dtype)
         self.nccl.run(self.comm.Irecv(_host(ptr, count, _NCCL_DTYPES[dtype]), peer, 5))
 
     def check_async_error(self):

@@ -61,12 +61,28 @@ def test_waited_spin_only_when_every_rank_has_a_cpu():
     assert waited_spin_budget(4, 2) == 0.0
 
 
-def _loop_state(inflight, waiting, spin_waited):
+class DeviceExecutor:
+    """Operations in flight that all wait for a GPU (or not)."""
+
+    def __init__(self, device_bound=True):
+        self._device_bound = device_bound
+
+    def __bool__(self):
+        return True
+
+    def device_bound(self):
+        return self._device_bound
+
+    def busy(self, lane):
+        return True
+
+
+def _loop_state(inflight, waiting, spin_waited, executor=()):
     """A Background with just what `_timeout` reads."""
     bg = Background.__new__(Background)
     bg.queue = types.SimpleNamespace(inflight_count=lambda: inflight)
     bg.handles = types.SimpleNamespace(waiting=waiting)
-    bg.executor = []
+    bg.executor = executor
     bg.cycle = types.SimpleNamespace(in_flight=False)
     bg.round = None
     bg.flags = 0
@@ -79,6 +95,14 @@ def _loop_state(inflight, waiting, spin_waited):
     bg._final = None
     bg._shutdown_wanted = False
     bg.spin_waited = spin_waited
+    # What _post_due reads: no cycle due.
+    bg._woken = False
+    bg.classic = []
+    bg.resend = []
+    bg.is_coordinator = False
+    bg._fresh = False
+    bg.fast = {}
+    bg.sent = []
     return bg
 
 
@@ -94,6 +118,29 @@ def test_loop_polls_while_a_thread_waits_and_sleeps_otherwise():
     # Past the waited window the loop backs off again, waiter or not.
     long_ago = time.perf_counter() - 2 * budget
     assert _loop_state(1, 1, budget)._timeout(3, long_ago) > 0
+
+
+def test_with_only_gpu_work_in_flight_the_loop_sleeps_between_looks_instead_of_spinning():
+    """Right after progress the loop would spin (it holds the interpreter
+    lock the backward pass's gradient hooks need); with only GPU work in
+    flight and no cycle due it sleeps DEVICE_POLL between looks."""
+    now = time.perf_counter()
+    assert _loop_state(4, 0, 0.0, DeviceExecutor(False))._timeout(0, now) is None  # MPI: spin
+    assert _loop_state(4, 0, 0.0, DeviceExecutor(True))._timeout(0, now) == background.DEVICE_POLL
+    assert _loop_state(4, 1, background.SPIN_WAITED,
+                       DeviceExecutor(True))._timeout(0, now) == background.DEVICE_POLL
+    # A cycle in flight, or one due, is host work: spin as before.
+    cycling = _loop_state(4, 0, 0.0, DeviceExecutor(True))
+    cycling.cycle = types.SimpleNamespace(in_flight=True)
+    assert cycling._timeout(0, now) is None
+    due = _loop_state(4, 0, 0.0, DeviceExecutor(True))
+    due._woken = True
+    assert due._timeout(0, now) is None
+    # A cycle that waits out a back-off shorter than DEVICE_POLL is not late.
+    backing_off = _loop_state(4, 0, 0.0, DeviceExecutor(True))
+    backing_off.sent = [object()]
+    backing_off._next_post = time.monotonic() + background.DEVICE_POLL / 4
+    assert 0 < backing_off._timeout(0, now) <= background.DEVICE_POLL / 4
 
 
 def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():

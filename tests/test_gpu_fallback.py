@@ -19,9 +19,11 @@ Real streams, events, CUDA and NCCL are tested on a GPU only (tests/gpu/).
 
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -255,11 +257,11 @@ class _SoloComms:
         return bytearray(payload), Requests([gpu_fakes._Done()])
 
 
-def _nccl_ops(host_kernels, monkeypatch):
+def _nccl_ops(host_kernels, monkeypatch, **timing):
     from coordinator.ops.nccl_ops import NCCLOps
     from coordinator.timeline import Timeline
 
-    nccl = gpu_fakes.FakeNccl(gpu_fakes.SoloComm())
+    nccl = gpu_fakes.FakeNccl(gpu_fakes.SoloComm(), **timing)
     monkeypatch.setitem(gpu._modules, "cupy", gpu_fakes.fake_cupy(nccl, host_kernels))
     return NCCLOps(_SoloComms(), Timeline(), nccl), nccl
 
@@ -277,6 +279,45 @@ def test_nccl_fused_allreduce_is_one_call_between_one_pack_and_one_unpack(host_k
     for e, out in zip(entries, outs):
         np.testing.assert_allclose(out.get(), e.tensor.get() * 0.5)
         assert e.done_event is not None
+
+
+def test_an_nccl_operation_waits_on_its_device_until_its_time_has_passed(host_kernels,
+                                                                       monkeypatch):
+    """With a timed fake NCCL the operation's completion event fires only
+    once the call would have run; until then the operation waits for its
+    device (which the executor tests once per pass, not in a loop)."""
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch, latency=30.0, bandwidth=1e9)
+    entries = [_entry(pb.ALLREDUCE, np.full(4, 2.0, np.float32)) for _ in range(2)]
+    gen = ops.allreduce(_response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM), entries,
+                        ["a", "b"])
+    waiting = next(gen)
+    while not getattr(waiting, "on_device", False):  # the lane opens over "MPI" first
+        assert waiting.ready()
+        waiting = gen.send(None)
+    assert not waiting.ready()  # 30 s of simulated NCCL
+    stream = waiting.events[0].stream
+    assert stream.busy_until > time.perf_counter() + 20
+    stream.busy_until = 0.0  # as if the time had passed
+    waiting.events[0].done_at = 0.0
+    assert waiting.ready()
+    outs = drive(gen)
+    for out in outs:
+        np.testing.assert_array_equal(out.get(), np.full(4, 2.0, np.float32))
+
+
+@pytest.mark.mpi
+def test_the_hook_contention_benchmark_runs_both_policies():
+    from mpi_harness import mpirun
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler for the fake's kernels")
+    proc = mpirun(["tests/scripts/gpu_hook_contention.py", "--rounds", "1", "--hooks", "8"],
+                  np_=1, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for case in ("idle", "busy"):
+        assert re.search(rf"{case}: lock wait per hook poll \d+ us, spin \d+ us; all hooks in: "
+                         rf"poll [\d.]+ ms, spin [\d.]+ ms; spin/poll [\d.]+", out), out
 
 
 def test_nccl_runs_the_torus_only_where_the_mpi_torus_would(host_kernels, monkeypatch):
