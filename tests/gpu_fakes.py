@@ -45,6 +45,14 @@ class FakeDeviceArray:
 
     def __init__(self, host):
         self._host = host
+        self._ptr = None
+
+    @property
+    def data(self):
+        # Cached: numpy's .ctypes costs microseconds, CuPy's .data.ptr does not.
+        if self._ptr is None:
+            self._ptr = self._host.ctypes.data
+        return _Pointer(self._ptr)
 
     @classmethod
     def of(cls, values, dtype=None):
@@ -56,12 +64,11 @@ class FakeDeviceArray:
     nbytes = property(lambda self: self._host.nbytes)
     ndim = property(lambda self: self._host.ndim)
     flags = property(lambda self: self._host.flags)
-    data = property(lambda self: _Pointer(self._host.ctypes.data))
 
     @property
     def __cuda_array_interface__(self):
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
-                "data": (self._host.ctypes.data, False), "strides": None}
+                "data": (self.data.ptr, False), "strides": None}
 
     def view(self, dtype):
         return FakeDeviceArray(self._host.view(dtype))
@@ -310,6 +317,7 @@ class FakeNccl:
         self.comm = comm
         self.group = None
         self.calls = []  # (call, element count), for the tests
+        self.call_times = []  # when each was queued (time.perf_counter())
         self._ids = 0
         # With a latency (s) and bandwidth (bytes/s), each call keeps its
         # stream busy for latency + bytes / bandwidth (see _Stream.spend), as
@@ -319,6 +327,7 @@ class FakeNccl:
 
     def called(self, name, count, dtype):
         self.calls.append((name, count))
+        self.call_times.append(time.perf_counter())
         if self.latency is not None:
             nbytes = count * np.dtype(_NCCL_DTYPES[dtype]).itemsize
             _Stream.current_stream().spend(self.latency + nbytes / self.bandwidth)

@@ -320,6 +320,39 @@ def test_the_hook_contention_benchmark_runs_both_policies():
                          rf"poll [\d.]+ ms, spin [\d.]+ ms; spin/poll [\d.]+", out), out
 
 
+def test_the_simulated_gpu_spends_stream_time_and_moves_nothing():
+    import gpu_sim
+
+    cp, nccl = gpu_sim.sim_cupy(2, 0, latency=1.0, bandwidth=1e6)
+    stream = cp.cuda.Stream(non_blocking=True)
+    data = gpu_sim.device_array((1000,))
+    before = time.perf_counter()
+    with stream:
+        nccl.NcclCommunicator(2, bytes(128), 0).allReduce(
+            data.data.ptr, data.data.ptr, 1000, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+        event = cp.cuda.Event()
+        event.record(stream)
+    assert stream.busy_until >= before + 1.0 + 4000 / 1e6  # latency + bytes / bandwidth
+    assert not event.done
+    other = cp.cuda.Stream(non_blocking=True)
+    other.wait_event(event)  # a stream that waits starts after it
+    assert other.busy_until == event.done_at
+    assert nccl.calls == [("allReduce", 1000)]
+
+
+@pytest.mark.mpi
+def test_the_simulated_bench_b_reports_ours_against_one_fused_call():
+    from mpi_harness import mpirun
+
+    proc = mpirun(["tests/scripts/gpu_sim_bench.py", "--repeats", "2"], np_=2, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"\(B\) simulated, 2 ranks, 161 grads, 97 MiB: ours [\d.]+ ms, one fused "
+                     r"bare call [\d.]+ ms, ratio [\d.]+; NCCL calls per run \[\d+, \d+\]", out), out
+    assert re.search(r"all submitted [\d.]+, first NCCL call queued [\d.]+, last [\d.]+, "
+                     r"device done [\d.]+, all synchronized [\d.]+", out), out
+
+
 def test_nccl_runs_the_torus_only_where_the_mpi_torus_would(host_kernels, monkeypatch):
     import types
 
