@@ -353,6 +353,17 @@ def test_the_simulated_bench_b_reports_ours_against_one_fused_call():
                      r"device done [\d.]+, all synchronized [\d.]+", out), out
 
 
+@pytest.mark.mpi
+def test_the_simulated_training_step_compares_both_policies_with_ddp_and_local():
+    from mpi_harness import mpirun
+
+    proc = mpirun(["tests/scripts/gpu_sim_step.py", "--rounds", "1"], np_=1, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for name in ("ddp", "local", "ours-poll", "ours-spin"):
+        assert re.search(rf"  {name}\s+median step\s+[\d.]+ ms, ratio to ddp [\d.]+", out), out
+
+
 def test_nccl_runs_the_torus_only_where_the_mpi_torus_would(host_kernels, monkeypatch):
     import types
 

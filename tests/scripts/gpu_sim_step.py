@@ -1,0 +1,186 @@
+"""A data-parallel training step on a simulated GPU (tests/gpu_sim.py): the
+coordinator against a DDP-style reference and against no communication,
+alternating in one run.
+
+    coordrun -np 2 python tests/scripts/gpu_sim_step.py [--rounds 8]
+
+The model is ResNet-50's 161 gradients (coordinator.bench.resnet50_shapes).
+Device time: the forward pass FORWARD ms and the backward BACKWARD ms spread
+evenly over the layers, the optimizer OPTIMIZER ms, all on the compute
+stream; NCCL over sockets (4.5 ms + bytes / 1.8 GB/s). Host time: launching
+a layer costs LAUNCH us with the interpreter lock released (C++), as
+autograd's does; the backward's gradient hooks run in a thread of their own
+(autograd's device thread) while the main thread waits, lock released.
+
+- ours: each hook submits its gradient (`allreduce_async`, Average); the
+  step then synchronizes every handle, as DistributedOptimizer.step does.
+- ddp: DDP's reducer: gradients go into buckets in the order they arrive
+  (the first bucket capped at 1 MiB, the others at 25 MiB); a full bucket is
+  one NCCL call on a communication stream that waits for the compute
+  stream; the optimizer waits for the last call. Its hooks do a list
+  append in Python where DDP's are C++: a little slower than DDP.
+- local: no communication.
+
+With `--policy spin` the coordinator's background thread spins while GPU
+work is in flight, as before 2026-11-26's change; with `both`, rounds
+alternate the two. Rank 0 prints each implementation's median step and
+the median of the per-round ratios to ddp.
+"""
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import gpu_sim  # noqa: E402
+
+FORWARD, BACKWARD, OPTIMIZER = 12e-3, 26e-3, 2e-3  # ResNet-50, batch 32, shared H100
+LAUNCH = 40e-6
+FIRST_BUCKET, BUCKET = 1 << 20, 25 << 20
+
+
+def _precise_sleep():
+    """A sleep without the interpreter lock and without Linux's 50 us timer
+    slack (which would make every LAUNCH 50 us longer)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK: 1 ns for this thread
+    return lambda seconds: libc.usleep(int(seconds * 1e6))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--policy", choices=["poll", "spin", "both"], default="both")
+    args = parser.parse_args()
+
+    from mpi4py import MPI
+
+    from coordinator import background, executor, gpu
+    from coordinator.bench import resnet50_shapes
+
+    world = MPI.COMM_WORLD
+    gpu_sim.track_streams()
+    cp, nccl = gpu_sim.sim_cupy(world.size, world.rank)
+    gpu._modules["cupy"] = cp
+    import coordinator as hvd
+
+    policies = {"poll": (background.Background._device_bound, executor.Executor.device_bound),
+                "spin": (lambda self: False, lambda self: False)}
+
+    def use(policy):
+        background.Background._device_bound, executor.Executor.device_bound = policies[policy]
+
+    hvd.init()
+    shapes = resnet50_shapes()
+    grads = [gpu_sim.device_array(s) for s in shapes]
+    layers = len(grads)
+    comm_stream = cp.cuda.Stream(non_blocking=True)
+    sleep = _precise_sleep()
+
+    def forward():
+        for _ in range(layers):
+            sleep(LAUNCH / 2)
+            gpu_sim.compute(FORWARD / layers)
+
+    def backward(hook):
+        """Autograd's device thread: launch each layer's backward, then run
+        its gradient's hook; the main thread waits with the lock released."""
+        def engine():
+            nap = _precise_sleep()  # the timer slack is per thread
+            for i in reversed(range(layers)):
+                nap(LAUNCH)
+                gpu_sim.compute(BACKWARD / layers)
+                hook(i)
+        thread = threading.Thread(target=engine)
+        thread.start()
+        thread.join()
+
+    def optimizer_and_sync():
+        gpu_sim.compute(OPTIMIZER)
+        gpu_sim.wait_device()
+
+    def step_ours():
+        handles = {}
+
+        def hook(i):
+            handles[i] = hvd.allreduce_async(grads[i], name=f"grad.{i}")
+        forward()
+        backward(hook)
+        for h in handles.values():
+            hvd.synchronize(h)
+        optimizer_and_sync()
+
+    def step_ddp():
+        bucket, state = [], {"cap": FIRST_BUCKET, "bytes": 0}
+
+        def flush():
+            event = cp.cuda.Event()
+            event.record(gpu_sim.current_stream())
+            comm_stream.wait_event(event)
+            with comm_stream:
+                nccl.called("allReduce", sum(grads[i].size for i in bucket), nccl.NCCL_FLOAT32)
+            bucket.clear()
+            state["bytes"] = 0
+            state["cap"] = BUCKET
+
+        def hook(i):
+            bucket.append(i)
+            state["bytes"] += grads[i].nbytes
+            if state["bytes"] >= state["cap"]:
+                flush()
+        forward()
+        backward(hook)
+        if bucket:
+            flush()
+        done = cp.cuda.Event()
+        done.record(comm_stream)
+        gpu_sim.current_stream().wait_event(done)
+        optimizer_and_sync()
+
+    def step_local():
+        forward()
+        backward(lambda i: None)
+        optimizer_and_sync()
+
+    steps = {"ours": step_ours, "ddp": step_ddp, "local": step_local}
+    names = ["ddp", "local"] + (["ours-poll", "ours-spin"] if args.policy == "both"
+                                else [f"ours-{args.policy}"])
+
+    def timed(name):
+        use(name.split("-")[1] if name.startswith("ours") else "poll")
+        world.Barrier()
+        gpu_sim.wait_device()
+        start = time.perf_counter()
+        steps[name.split("-")[0]]()
+        return time.perf_counter() - start
+
+    for name in names * 2:  # warm-up: names cached, lanes open
+        timed(name)
+    times = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timed(name))
+    slow = np.array([times[n] for n in names])
+    world.Allreduce(MPI.IN_PLACE, slow, op=MPI.MAX)  # a step is its slowest rank's
+    if world.rank == 0:
+        print(f"simulated step, {world.size} ranks, ResNet-50's 161 gradients, forward "
+              f"{FORWARD * 1e3:.0f} ms, backward {BACKWARD * 1e3:.0f} ms, optimizer "
+              f"{OPTIMIZER * 1e3:.0f} ms, NCCL {gpu_sim.NCCL_LATENCY * 1e3} ms + bytes / "
+              f"{gpu_sim.NCCL_BANDWIDTH / 1e9} GB/s, {args.rounds} rounds")
+        ddp = slow[names.index("ddp")]
+        for name, row in zip(names, slow):
+            ratio = statistics.median(row / ddp)
+            print(f"  {name:9s} median step {statistics.median(row) * 1e3:7.2f} ms, "
+                  f"ratio to ddp {ratio:.3f}")
+    use("poll")
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
