@@ -16,7 +16,8 @@
 #   p18    ResNet-18 again, 3 steps of each implementation under torch.profiler:
 #          per step, its NCCL calls on the device clock, when backward's
 #          kernels ended, the tail after them (compare_ddp.py --profile; the
-#          traces go to $OUT/p18). Not in the default set: name it.
+#          traces stay in /tmp/p18 there: the device tool returns at most 8
+#          files). Not in the default set: name it.
 #   p50    the same with ResNet-50
 # Each part has a time limit, so one that hangs leaves time for the rest.
 # Its whole output goes to $OUT/<part>.txt (./gpu-out without $OUT), its
@@ -40,7 +41,7 @@ for part in "${parts[@]}"; do
     r18) limit=120 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet18 --device cuda --ddp-backend nccl --batch-size 32 --rounds 8' keep=6 ;;
     r50) limit=150 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6' keep=6 ;;
     p18|p50) limit=120 model=resnet${part#p}
-      cmd="\$MPIRUN2 \$PY examples/torch/compare_ddp.py --model $model --device cuda --ddp-backend nccl --batch-size 32 --rounds 2 --profile 3 --profile-dir $out/$part" keep=40 ;;
+      cmd="\$MPIRUN2 \$PY examples/torch/compare_ddp.py --model $model --device cuda --ddp-backend nccl --batch-size 32 --rounds 2 --profile 3 --profile-dir /tmp/$part" keep=40 ;;
   esac
   echo "== $part (limit ${limit} s): $cmd"
   start=$SECONDS
