@@ -171,7 +171,7 @@ class Background:
         self.timeline = parts.timeline
         self.channel = parts.channel
         self.cycle = parts.cycle
-        self.executor = Executor()
+        self.executor = Executor(early=cfg.async_completion)
         self.is_coordinator = self.rank == 0
         self.cache = WorkerCache()
         self.cache_enabled = cfg.cache_capacity > 0
@@ -1312,20 +1312,47 @@ class Background:
         # communicator and the set's MPI one run side by side).
         lane = (resp.process_set_id, resp.device)
         operation = Operation(resp, entries, shown, lane, gen, traced)
-        for done in self.executor.start(operation):
-            self._finish_op(done)
+        done = self.executor.start(operation)
+        self._complete_queued()
+        for op in done:
+            self._finish_op(op)
 
     def _progress(self):
         """Drives the operations in flight; True when any of them moved."""
         steps = self.executor.steps
         done = self.executor.progress()
+        queued = self._complete_queued()
         for op in done:
             self._finish_op(op)
-        return bool(done) or self.executor.steps != steps
+        return bool(done) or queued or self.executor.steps != steps
+
+    def _complete_queued(self):
+        """HOROVOD_ENABLE_ASYNC_COMPLETION: completes the handles of GPU
+        operations whose work is all queued on their device, as Horovod does:
+        their results are valid in stream order, and synchronize makes the
+        caller's current stream wait for the operation's completion event
+        (DeviceWait.order_current_stream), so the caller queues what comes
+        next without waiting for the GPU. The operation stays in flight
+        until its event fires."""
+        queued = self.executor.take_queued()
+        for op in queued:
+            self._complete(op.entries, op.queued_results)
+        return bool(queued)
 
     def _finish_op(self, op):
         if op.traced:
             self.timeline.op_end(op.names)
+        if op.completed_early:
+            if op.error is not None:
+                # Its handles have completed; it can fail only as a job fails
+                # (an NCCL communicator's asynchronous error): stop, so that no
+                # rank goes on with results that were never written.
+                names = ", ".join(f"'{n}'" for n in op.names)
+                self._die(HorovodInternalError(
+                    f"rank {self.rank}: {op_name(op.response.op)} of tensor(s) {names} failed "
+                    f"after its handles had completed (HOROVOD_ENABLE_ASYNC_COMPLETION): "
+                    f"{op.error}"))
+            return
         if op.error is not None:
             self._failed(op.response, op.entries, op.error)
             return

@@ -92,6 +92,10 @@ class Config:
     # to pin each rank's background thread to; empty: not pinned.
     thread_affinity: Tuple[int, ...] = ()
     dynamic_process_sets: bool = False
+    # HOROVOD_ENABLE_ASYNC_COMPLETION: a GPU operation's handles complete
+    # once its work is queued on the device, not once it has run; the
+    # caller's stream waits for it in synchronize (Background._complete_queued).
+    async_completion: bool = False
     # Allreduces larger than this run as a sequence of MPI calls of this many
     # bytes (0: one call). Open MPI's large-message allreduce is several times
     # slower than the same bytes in 4 MiB pieces on shared memory.
@@ -146,6 +150,7 @@ class Config:
                                               cls.autotune_steps_per_sample, int, 1),
             thread_affinity=_cores(env, "HOROVOD_THREAD_AFFINITY"),
             dynamic_process_sets=_bool(env, "HOROVOD_DYNAMIC_PROCESS_SETS", False),
+            async_completion=_bool(env, "HOROVOD_ENABLE_ASYNC_COMPLETION", False),
             segment_bytes=_number(env, "COORDINATOR_SEGMENT_BYTES", cls.segment_bytes, int, 0),
             pack_limit=_number(env, "COORDINATOR_PACK_LIMIT", cls.pack_limit, int, 0),
             cycle_payload_bytes=_number(env, "COORDINATOR_CYCLE_PAYLOAD_BYTES",

@@ -31,7 +31,7 @@ class Operation:
     """One response being run: its entries, names and backend generator."""
 
     __slots__ = ("response", "entries", "names", "lane", "started", "steps", "_gen",
-                 "_waiting", "results", "error", "traced")
+                 "_waiting", "results", "error", "traced", "completed_early")
 
     def __init__(self, response, entries, names, lane, gen, traced=False):
         self.response = response
@@ -45,6 +45,13 @@ class Operation:
         self.results = None
         self.error = None
         self.traced = traced
+        self.completed_early = False  # its handles completed once it was queued
+
+    @property
+    def queued_results(self):
+        """Its results, once all its work is queued on a device and only its
+        completion is awaited (None before, and for host operations)."""
+        return getattr(self._waiting, "results", None) if self.started is not None else None
 
     def advance(self):
         """Runs the operation as far as it can go without waiting; True once
@@ -72,8 +79,12 @@ class Executor:
     # BURST seconds.
     BURST = 100e-6
 
-    def __init__(self):
+    def __init__(self, early=False):
         self._lanes = collections.OrderedDict()  # lane -> deque of Operation
+        # With `early`, operations whose work is all queued on a device are
+        # handed out by take_queued() before they finish.
+        self._early = early
+        self._queued = []
         # Steps taken (a call finished and the next started) since the caller
         # last looked: a long collective makes progress long before it is done.
         self.steps = 0
@@ -117,11 +128,21 @@ class Executor:
             finished = op.advance()
             self.steps += op.steps - before
             if not finished:
+                if (self._early and not op.completed_early
+                        and op.queued_results is not None):
+                    op.completed_early = True
+                    self._queued.append(op)
                 break
             done.append(lane.popleft())
         if not lane:
             del self._lanes[key]
         return done
+
+    def take_queued(self):
+        """Operations (with `early`) whose work has all been queued on a
+        device since the last call: their results are valid in stream order."""
+        queued, self._queued = self._queued, []
+        return queued
 
     def device_bound(self):
         """Whether every lane waits for work queued on a device (a GPU

@@ -248,19 +248,23 @@ class DeviceWait:
 
     keep: host objects the queued work still reads (released once it is
     done); check: called while waiting, raises if the work can never finish
-    (an NCCL communicator's asynchronous error)."""
+    (an NCCL communicator's asynchronous error); results: the operation's
+    results, given where this waits for its last work."""
 
-    __slots__ = ("device", "events", "keep", "check", "fired")
+    __slots__ = ("device", "events", "keep", "check", "fired", "results")
     # What it waits for runs on a device: testing it more often does not
     # make it finish sooner (executor.Executor.device_bound).
     on_device = True
 
-    def __init__(self, device, events, keep=None, check=None):
+    def __init__(self, device, events, keep=None, check=None, results=None):
         self.device = device
         self.events = events
         self.keep = keep
         self.check = check
         self.fired = False
+        # An operation's results, when this waits for the last of its work:
+        # valid in stream order from now on (HOROVOD_ENABLE_ASYNC_COMPLETION).
+        self.results = results
 
     def ready(self):
         if self.fired:

@@ -12,6 +12,7 @@ def test_defaults_match_horovods():
     assert cfg.stall_check_time == 60 and cfg.stall_shutdown_time == 0
     assert not cfg.stall_check_disable and cfg.log_level == "warning"
     assert cfg.timeline == "" and not cfg.timeline_mark_cycles
+    assert not cfg.async_completion
 
 
 def test_horovod_variables_are_honoured():
@@ -22,13 +23,14 @@ def test_horovod_variables_are_honoured():
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9",
         "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
         "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv",
-        "HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+        "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_ENABLE_ASYNC_COMPLETION": "1"})
     assert cfg.fusion_threshold == MIB and cfg.cycle_time_ms == 2.5
     assert cfg.cache_capacity == 0 and cfg.timeline == "/tmp/t.json"
     assert cfg.timeline_mark_cycles and cfg.stall_check_disable
     assert cfg.stall_check_time == 5 and cfg.stall_shutdown_time == 9
     assert cfg.log_level == "debug" and cfg.hierarchical_allreduce
     assert cfg.autotune and cfg.autotune_log == "/tmp/a.csv" and cfg.dynamic_process_sets
+    assert cfg.async_completion
 
 
 def test_autotune_knobs_and_thread_affinity():

@@ -354,13 +354,13 @@ def test_the_simulated_bench_b_reports_ours_against_one_fused_call():
 
 
 @pytest.mark.mpi
-def test_the_simulated_training_step_compares_both_policies_with_ddp_and_local():
+def test_the_simulated_training_step_compares_the_policies_with_ddp_and_local():
     from mpi_harness import mpirun
 
     proc = mpirun(["tests/scripts/gpu_sim_step.py", "--rounds", "1"], np_=1, timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for name in ("ddp", "local", "ours-poll", "ours-spin"):
+    for name in ("ddp", "local", "ours-poll", "ours-spin", "ours-async"):
         assert re.search(rf"  {name}\s+median step\s+[\d.]+ ms, ratio to ddp [\d.]+", out), out
 
 
@@ -566,6 +566,25 @@ def test_nccl_host_aware_allreduce_on_two_simulated_hosts_at_np4(case, setting):
     env = dict(_mpi_env(True), COORDINATOR_SIMULATED_LOCAL_SIZE="2")
     env[setting] = "1"
     _check("tests/mpi/nccl_host_aware_cases.py", case, 4, env)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case,setting,job", [
+    ("with_it_a_handle_completes_once_queued_and_the_stream_waits", "1", "early"),
+    ("a_grouped_allreduce_and_a_broadcast_complete_early_too", "1", "early"),
+    ("without_it_a_handle_waits_for_the_device", "0", "late"),
+    ("a_failure_after_early_completion_stops_the_job_naming_the_setting", "1", "failing"),
+])
+def test_async_completion_on_device_arrays_at_np2(case, setting, job):
+    """HOROVOD_ENABLE_ASYNC_COMPLETION: a GPU operation's handles complete
+    once it is queued, and synchronize orders the caller's stream after it."""
+    cases = {"early": "with_it_a_handle_completes_once_queued_and_the_stream_waits,"
+                      "a_grouped_allreduce_and_a_broadcast_complete_early_too",
+             "late": "without_it_a_handle_waits_for_the_device",
+             "failing": "a_failure_after_early_completion_stops_the_job_naming_the_setting"}
+    env = {"HOROVOD_ENABLE_ASYNC_COMPLETION": setting, "CASES": cases[job],
+           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    _check("tests/mpi/async_completion_cases.py", case, 2, env)
 
 
 _CHECKED = []  # the data communicators, checked (filled under mpirun)

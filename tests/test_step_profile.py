@@ -85,10 +85,12 @@ def test_compare_ddp_profiles_each_implementation_and_keeps_the_traces(tmp_path)
     pytest.importorskip("torch")
     proc = mpirun(["examples/torch/compare_ddp.py", "--rounds", "2", "--block", "1",
                    "--warmup", "1", "--batch-size", "16", "--threads", "1", "--profile", "2",
+                   "--async-completion",
                    "--profile-dir", str(tmp_path)], np_=2, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert re.search(r"ratio ours/ddp = [\d.]+", out), out
+    assert "threads/rank, async completion" in out or "thread(s)/rank, async completion" in out, out
     for rank in (0, 1):
         assert f"rank {rank}: where the GPU time of a step went" in out, out
         for name in ("ours", "ddp", "local"):

@@ -301,11 +301,13 @@ class NCCLOps:
                 lane.stream.wait_event(event)
             yield
 
-    def _finish(self, lane, entries, names, activity, keep=None, phases=None):
+    def _finish(self, lane, entries, names, activity, results, keep=None, phases=None):
         """Records the completion event (inside `_on`) and gives the entries
-        their DeviceWait; returns the generator that waits for it."""
+        their DeviceWait, which carries the operation's `results` (valid in
+        stream order once everything is queued); returns the generator that
+        waits for it."""
         done = gpu.DeviceWait(lane.device, [gpu.record(lane.stream)], keep,
-                              lane.comm.check_async_error)
+                              lane.comm.check_async_error, results)
         for e in entries:
             if e is not None:
                 e.done_event = done
@@ -396,7 +398,7 @@ class NCCLOps:
                                         [(o.data.ptr, o.size) for o in outputs], buf_kind,
                                         kind, post, divisor)
                     phases.mark("MEMCPY_OUT_FUSION_BUFFER")
-            wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE", phases=phases)
+            wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE", outputs, phases=phases)
         yield from wait
         return outputs
 
@@ -434,7 +436,7 @@ class NCCLOps:
                                     [(o.data.ptr, o.size) for o in outputs], buf_kind, kind,
                                     response.postscale, divisor)
                 phases.mark("MEMCPY_OUT_FUSION_BUFFER")
-            wait = self._finish(lane, entries, names, "NCCL_HIERARCHICAL_ALLREDUCE",
+            wait = self._finish(lane, entries, names, "NCCL_HIERARCHICAL_ALLREDUCE", outputs,
                                 phases=phases)
         yield from wait
         return outputs
@@ -463,7 +465,7 @@ class NCCLOps:
                                                 lane.stream.ptr)
             finally:
                 self.nccl.groupEnd()
-            wait = self._finish(lane, entries, names, "NCCL_ALLGATHER")
+            wait = self._finish(lane, entries, names, "NCCL_ALLGATHER", outputs)
         yield from wait
         return outputs
 
@@ -482,7 +484,7 @@ class NCCLOps:
                                             self.nccl.NCCL_UINT8, root, lane.stream.ptr)
             finally:
                 self.nccl.groupEnd()
-            wait = self._finish(lane, entries, names, "NCCL_BCAST")
+            wait = self._finish(lane, entries, names, "NCCL_BCAST", outputs)
         yield from wait
         return outputs
 
@@ -520,9 +522,10 @@ class NCCLOps:
                                        self.nccl.NCCL_UINT8, peer, stream.ptr)
             finally:
                 self.nccl.groupEnd()
-            wait = self._finish(lane, entries, names, "NCCL_ALLTOALL")
+            results = [(out, recv_rows)]
+            wait = self._finish(lane, entries, names, "NCCL_ALLTOALL", results)
         yield from wait
-        return [(out, recv_rows)]
+        return results
 
     # ------------------------------------------------------- reducescatter
     def reducescatter(self, response, entries, names):
@@ -563,7 +566,7 @@ class NCCLOps:
                 self.kernels.unpack(lane.tables, stream, recv,
                                     [(o.data.ptr, o.size) for o in outputs], buf_kind, kind,
                                     response.postscale, divisor)
-            wait = self._finish(lane, entries, names, "NCCL_REDUCESCATTER")
+            wait = self._finish(lane, entries, names, "NCCL_REDUCESCATTER", outputs)
         yield from wait
         return outputs
 
@@ -584,7 +587,7 @@ class NCCLOps:
                 if result.nbytes:
                     lane.comm.recv(result.data.ptr, result.nbytes, self.nccl.NCCL_UINT8,
                                    sender, lane.stream.ptr)
-            wait = self._finish(lane, entries, names, activity)
+            wait = self._finish(lane, entries, names, activity, [result])
         yield from wait
         return [result]
 

@@ -136,11 +136,16 @@ def main():
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per rank (default: cores / local ranks)")
+    parser.add_argument("--async-completion", action="store_true",
+                        help="set HOROVOD_ENABLE_ASYNC_COMPLETION=1 for the coordinator (its "
+                             "GPU handles complete once queued; synchronize orders the stream)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then profile N steps of each and print where their GPU time went")
     parser.add_argument("--profile-dir", default=os.environ.get("OUT", "."),
                         help="where the profiler's traces go (default: $OUT or .)")
     args = parser.parse_args()
+    if args.async_completion:
+        os.environ["HOROVOD_ENABLE_ASYNC_COMPLETION"] = "1"
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -182,8 +187,9 @@ def main():
         q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
         where = (f"on {torch.cuda.get_device_name()}, DDP over {args.ddp_backend}"
                  if args.device == "cuda" else f"{threads} torch thread(s)/rank")
+        completion = ", async completion" if args.async_completion else ""
         print(f"model {args.model} ({models.parameter_count(steppers['local'][0])} parameters), "
-              f"batch {args.batch_size}/rank, {size} ranks, {where}, "
+              f"batch {args.batch_size}/rank, {size} ranks, {where}{completion}, "
               f"{args.rounds} rounds x {args.block} step(s) per implementation, rotating order, "
               f"OMPI_MCA_mpi_yield_when_idle={os.environ.get('OMPI_MCA_mpi_yield_when_idle', '')}")
         for name in order:

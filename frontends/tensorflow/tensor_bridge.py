@@ -29,7 +29,9 @@ the core only records an event on it): so before the core reads a GPU
 tensor, every device TensorFlow uses is synchronised once per call
 (`tf.test.experimental.sync_devices`), which blocks the calling thread until
 TensorFlow's queued GPU work is done. Results need no such step: a blocking
-collective returns once the device work that wrote them has finished.
+collective returns once the device work that wrote them has finished (with
+HOROVOD_ENABLE_ASYNC_COMPLETION, once it is queued: then `to_tensor` waits
+for CuPy's current stream, which synchronize made wait for that work).
 Without CuPy, GPU tensors are copied to the host and back as before. Inside
 a `tf.function` collectives are `tf.numpy_function`s, which TensorFlow runs
 on the host: GPU tensors are copied to the host and the results back by
@@ -165,6 +167,13 @@ def as_numpy(value):
     return value._numpy()
 
 
+def _results_may_be_queued():
+    from coordinator import runtime
+
+    rt = runtime.current()
+    return rt is not None and rt.config.async_completion
+
+
 def _adoptable(array):
     return (array.size > 0 and array.dtype.kind in "biuf" and array.flags.c_contiguous
             and array.flags.writeable and is_aligned(array))
@@ -183,6 +192,11 @@ def to_tensor(array, dtype=None):
         return tf.convert_to_tensor(array)
     if isinstance(array, core_gpu.BFloat16):
         array = array.array
+    if _results_may_be_queued():
+        # HOROVOD_ENABLE_ASYNC_COMPLETION: the result may still be being
+        # written; synchronize made CuPy's current stream wait for it, but
+        # TensorFlow reads on streams of its own, so wait here on the host.
+        core_gpu.cupy().cuda.get_current_stream().synchronize()
     export = getattr(array, "toDlpack", None)
     tensor = tf.experimental.dlpack.from_dlpack(export() if export else array.__dlpack__())
     if dtype == tf.bfloat16 and tensor.dtype != tf.bfloat16:

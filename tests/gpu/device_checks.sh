@@ -19,12 +19,15 @@
 #          traces stay in /tmp/p18 there: the device tool returns at most 8
 #          files). Not in the default set: name it.
 #   p50    the same with ResNet-50
+#   a18    r18 with HOROVOD_ENABLE_ASYNC_COMPLETION=1 (compare_ddp.py
+#          --async-completion); not in the default set: name it
+#   a50    the same with ResNet-50
 # Each part has a time limit, so one that hangs leaves time for the rest.
 # Its whole output goes to $OUT/<part>.txt (./gpu-out without $OUT), its
 # last lines and exit status to stdout.
 cd "$(dirname "$0")/../.." || exit 1
 for part in "$@"; do
-  case $part in tests|bench|r18|r50|p18|p50) ;; *) echo "unknown part '$part' (tests, bench, r18, r50, p18, p50)" >&2; exit 2 ;; esac
+  case $part in tests|bench|r18|r50|p18|p50|a18|a50) ;; *) echo "unknown part '$part' (tests, bench, r18, r50, p18, p50, a18, a50)" >&2; exit 2 ;; esac
 done
 # Install the carried wheels and build the native kernels once, for all parts.
 [ -n "$MPIRUN2" ] || exec bash .device/device_env.sh bash tests/gpu/device_checks.sh "$@"
@@ -40,6 +43,8 @@ for part in "${parts[@]}"; do
     bench) limit=100 cmd='$MPIRUN2 $PY -m coordinator.bench --gpu' keep=8 ;;
     r18) limit=120 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet18 --device cuda --ddp-backend nccl --batch-size 32 --rounds 8' keep=6 ;;
     r50) limit=150 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6' keep=6 ;;
+    a18) limit=120 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet18 --device cuda --ddp-backend nccl --batch-size 32 --rounds 8 --async-completion' keep=6 ;;
+    a50) limit=150 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6 --async-completion' keep=6 ;;
     p18|p50) limit=120 model=resnet${part#p}
       cmd="\$MPIRUN2 \$PY examples/torch/compare_ddp.py --model $model --device cuda --ddp-backend nccl --batch-size 32 --rounds 2 --profile 3 --profile-dir /tmp/$part" keep=40 ;;
   esac

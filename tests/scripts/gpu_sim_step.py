@@ -22,8 +22,10 @@ autograd's does; the backward's gradient hooks run in a thread of their own
 - local: no communication.
 
 With `--policy spin` the coordinator's background thread spins while GPU
-work is in flight, as before 2026-11-26's change; with `both`, rounds
-alternate the two. Rank 0 prints each implementation's median step and
+work is in flight, as before 2026-11-26's change; with `async` it polls
+and completes handles once their work is queued
+(HOROVOD_ENABLE_ASYNC_COMPLETION); with `all` (the default), rounds
+alternate the three. Rank 0 prints each implementation's median step and
 the median of the per-round ratios to ddp.
 """
 
@@ -56,12 +58,12 @@ def _precise_sleep():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--policy", choices=["poll", "spin", "both"], default="both")
+    parser.add_argument("--policy", choices=["poll", "spin", "async", "all"], default="all")
     args = parser.parse_args()
 
     from mpi4py import MPI
 
-    from coordinator import background, executor, gpu
+    from coordinator import background, executor, gpu, runtime
     from coordinator.bench import resnet50_shapes
 
     world = MPI.COMM_WORLD
@@ -74,7 +76,10 @@ def main():
                 "spin": (lambda self: False, lambda self: False)}
 
     def use(policy):
-        background.Background._device_bound, executor.Executor.device_bound = policies[policy]
+        background.Background._device_bound, executor.Executor.device_bound = policies[
+            "spin" if policy == "spin" else "poll"]
+        # "async": HOROVOD_ENABLE_ASYNC_COMPLETION, switched on the running thread.
+        runtime.current().background.executor._early = policy == "async"
 
     hvd.init()
     shapes = resnet50_shapes()
@@ -149,7 +154,7 @@ def main():
         optimizer_and_sync()
 
     steps = {"ours": step_ours, "ddp": step_ddp, "local": step_local}
-    names = ["ddp", "local"] + (["ours-poll", "ours-spin"] if args.policy == "both"
+    names = ["ddp", "local"] + (["ours-poll", "ours-spin", "ours-async"] if args.policy == "all"
                                 else [f"ours-{args.policy}"])
 
     def timed(name):
