@@ -404,17 +404,19 @@ class Background:
         due before it ends: sleep between looks instead of spinning. A
         spinning thread holds the interpreter lock, which the threads that
         run the backward pass need for each gradient hook; on 2026-11-26,
-        with only a simulated GPU operation in flight, a hook thread waited
-        350-420 us for the lock per submission with the spin, 150-160
-        without (tests/gpu_fakes.py timed events, np=1)."""
+        with only simulated GPU work in flight, a hook thread waited 398-409
+        us past its sleep with the spin, 63-79 without (the sleep's own
+        overshoot is about 80; tests/scripts/gpu_hook_contention.py, np=1)."""
         return (bool(self.executor) and self.executor.device_bound()
-                and not self.cycle.in_flight and self.round is None and self._final is None
-                and not self._shutdown_wanted and not self._more
-                and not self._post_due(time.monotonic()))
+                and not self._negotiating() and not self._post_due(time.monotonic()))
 
     def _busy(self):
-        return bool(self.queue.inflight_count() or self.executor or self.cycle.in_flight
-                    or self.round is not None or self._final is not None
+        return bool(self.queue.inflight_count() or self.executor or self._negotiating())
+
+    def _negotiating(self):
+        """Busy with the control plane: a cycle or round in flight, the final
+        exchange, a shutdown to send, or peers still waiting on cycles."""
+        return bool(self.cycle.in_flight or self.round is not None or self._final is not None
                     or self._shutdown_wanted or self._more)
 
     def _timeout(self, sleeps, last_progress):
