@@ -30,6 +30,7 @@ says which setting the run had.
 """
 
 import argparse
+import contextlib
 import datetime
 import os
 import statistics
@@ -94,32 +95,30 @@ def make_steppers(args):
     return steppers
 
 
+def _unannotated(_label):
+    return contextlib.nullcontext()
+
+
+def step(model, opt, x, y, annotate=_unannotated):
+    """One training step; `annotate(label)` marks its backward and optimizer
+    phases for the profiler. A step ends when its GPU work has."""
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    with annotate("backward"):
+        loss.backward()
+    with annotate("optimizer"):
+        opt.step()
+    if x.is_cuda:
+        torch.cuda.synchronize()
+
+
 def timed_steps(model, opt, x, y, steps):
     times = []
-    cuda = x.is_cuda
     for _ in range(steps):
         start = time.perf_counter()
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        if cuda:
-            torch.cuda.synchronize()  # a step ends when its GPU work has
+        step(model, opt, x, y)
         times.append(time.perf_counter() - start)
     return times
-
-
-def annotated_step(x, y):
-    """One step as timed_steps runs it, its phases annotated for the profiler."""
-    def step(model, opt, annotate):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        with annotate("backward"):
-            loss.backward()
-        with annotate("optimizer"):
-            opt.step()
-        if x.is_cuda:
-            torch.cuda.synchronize()
-    return step
 
 
 def main():
@@ -201,8 +200,9 @@ def main():
     if args.profile:
         import step_profile
 
-        profiled = step_profile.profile_steps(steppers, order, annotated_step(x, y), args.profile,
-                                              args.profile_dir, rank, hvd.barrier)
+        profiled = step_profile.profile_steps(
+            steppers, order, lambda model, opt, annotate: step(model, opt, x, y, annotate),
+            args.profile, args.profile_dir, rank, hvd.barrier)
         for r in range(size):
             hvd.barrier()
             if r == rank:
