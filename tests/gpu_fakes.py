@@ -135,12 +135,14 @@ class _Event:
 
 class _Stream:
     current = []
+    made = []  # every stream, for the simulation's wait for the whole device
 
     def __init__(self, null=False, non_blocking=False, **_):
         self.ptr = id(self)
         self.non_blocking = non_blocking
         self.waited = []
         self.busy_until = 0.0  # when the work queued on it would be done
+        _Stream.made.append(self)
 
     @staticmethod
     def current_stream():

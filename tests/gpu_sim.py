@@ -107,21 +107,30 @@ def wait_device():
     time.sleep(max(0.0, max_busy() - time.perf_counter()))
 
 
-_streams = []
-
-
 def max_busy():
-    return max([s.busy_until for s in _streams] + [gpu_fakes._NULL.busy_until])
+    return max(s.busy_until for s in gpu_fakes._Stream.made)
 
 
-def track_streams():
-    """Records every stream made from now on, for wait_device."""
-    original = gpu_fakes._Stream.__init__
+_ORIGINAL = {}
 
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        _streams.append(self)
-    gpu_fakes._Stream.__init__ = init
+
+def use_waiting(policy):
+    """How the coordinator's background thread waits for GPU work, switched
+    on the running process: "poll" (its own way), "spin" (as for MPI work,
+    as before 2026-11-26), or "async" (poll, and complete handles once
+    their work is queued: HOROVOD_ENABLE_ASYNC_COMPLETION)."""
+    from coordinator import background, executor, runtime
+
+    if not _ORIGINAL:
+        _ORIGINAL["background"] = background.Background._device_bound
+        _ORIGINAL["executor"] = executor.Executor.device_bound
+    spin = policy == "spin"
+    background.Background._device_bound = (
+        (lambda self: False) if spin else _ORIGINAL["background"])
+    executor.Executor.device_bound = (lambda self: False) if spin else _ORIGINAL["executor"]
+    rt = runtime.current()
+    if rt is not None:
+        rt.background.executor._early = policy == "async"
 
 
 def device_array(shape, dtype=np.float32):

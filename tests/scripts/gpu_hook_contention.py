@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpu_fakes  # noqa: E402
+import gpu_sim  # noqa: E402
 
 LATENCY, BANDWIDTH = 4.5e-3, 1.8e9
 
@@ -47,20 +48,12 @@ def main():
 
     from mpi4py import MPI
 
-    from coordinator import background, executor, gpu
+    from coordinator import gpu
 
     nccl = gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup(), LATENCY, BANDWIDTH)
     cp = gpu_fakes.fake_cupy(nccl, gpu_fakes.HostKernels(tempfile.mkdtemp()))
     gpu._modules["cupy"] = cp
     import coordinator as hvd
-
-    policies = {
-        "poll": (background.Background._device_bound, executor.Executor.device_bound),
-        "spin": (lambda self: False, lambda self: False),
-    }
-
-    def use(policy):
-        background.Background._device_bound, executor.Executor.device_bound = policies[policy]
 
     hvd.init()
     big = gpu_fakes.FakeDeviceArray(np.ones(4 * 1024 * 1024, np.float32))
@@ -90,12 +83,12 @@ def main():
     for r in range(args.rounds + 1):  # the first round warms up (names get cached)
         for case in ("idle", "busy"):
             for policy in (("poll", "spin") if r % 2 else ("spin", "poll")):
-                use(policy)
+                gpu_sim.use_waiting(policy)
                 hvd.allreduce(np.ones(1), name="sync")
                 wait, burst = one_round(case)
                 if r:
                     results.setdefault((case, policy), []).append((wait, burst))
-    use("poll")
+    gpu_sim.use_waiting("poll")
     if hvd.rank() == 0:
         print(f"{hvd.size()} rank(s), {args.hooks} hooks {args.gap * 1e6:.0f} us apart, "
               f"NCCL {LATENCY * 1e3} ms + bytes / {BANDWIDTH / 1e9} GB/s, {args.rounds} rounds")

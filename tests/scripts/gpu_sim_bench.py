@@ -34,7 +34,6 @@ def main():
     from coordinator.bench import resnet50_shapes
 
     world = MPI.COMM_WORLD
-    gpu_sim.track_streams()
     cp, nccl = gpu_sim.sim_cupy(world.size, world.rank)
     gpu._modules["cupy"] = cp
     import coordinator as hvd

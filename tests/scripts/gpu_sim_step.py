@@ -63,23 +63,13 @@ def main():
 
     from mpi4py import MPI
 
-    from coordinator import background, executor, gpu, runtime
+    from coordinator import gpu
     from coordinator.bench import resnet50_shapes
 
     world = MPI.COMM_WORLD
-    gpu_sim.track_streams()
     cp, nccl = gpu_sim.sim_cupy(world.size, world.rank)
     gpu._modules["cupy"] = cp
     import coordinator as hvd
-
-    policies = {"poll": (background.Background._device_bound, executor.Executor.device_bound),
-                "spin": (lambda self: False, lambda self: False)}
-
-    def use(policy):
-        background.Background._device_bound, executor.Executor.device_bound = policies[
-            "spin" if policy == "spin" else "poll"]
-        # "async": HOROVOD_ENABLE_ASYNC_COMPLETION, switched on the running thread.
-        runtime.current().background.executor._early = policy == "async"
 
     hvd.init()
     shapes = resnet50_shapes()
@@ -158,7 +148,7 @@ def main():
                                 else [f"ours-{args.policy}"])
 
     def timed(name):
-        use(name.split("-")[1] if name.startswith("ours") else "poll")
+        gpu_sim.use_waiting(name.split("-")[1] if name.startswith("ours") else "poll")
         world.Barrier()
         gpu_sim.wait_device()
         start = time.perf_counter()
@@ -183,7 +173,7 @@ def main():
             ratio = statistics.median(row / ddp)
             print(f"  {name:9s} median step {statistics.median(row) * 1e3:7.2f} ms, "
                   f"ratio to ddp {ratio:.3f}")
-    use("poll")
+    gpu_sim.use_waiting("poll")
     hvd.shutdown()
 
 
