@@ -95,9 +95,6 @@ CYCLE_REPORT_GAP = 5e-3
 # The longest a rank holds its next cycle back while its GPU lane is busy
 # (see _holding_for_device).
 DEVICE_HOLD_MAX = 1.0
-# How often the thread looks at GPU work in flight when that is all it waits
-# for (see _device_bound).
-DEVICE_POLL = 100e-6
 
 
 # How riders (tensors carried in the cycle) show on a timeline.
@@ -399,17 +396,6 @@ class Background:
         """Nothing in flight, and no cycle due."""
         return not self._busy() and not self._post_due(time.monotonic())
 
-    def _device_bound(self):
-        """All this rank waits for is GPU work in flight, and no cycle is
-        due before it ends: sleep between looks instead of spinning. A
-        spinning thread holds the interpreter lock, which the threads that
-        run the backward pass need for each gradient hook; on 2026-11-26,
-        with only simulated GPU work in flight, a hook thread waited 398-409
-        us past its sleep with the spin, 63-79 without (the sleep's own
-        overshoot is about 80; tests/scripts/gpu_hook_contention.py, np=1)."""
-        return (bool(self.executor) and self.executor.device_bound()
-                and not self._negotiating() and not self._post_due(time.monotonic()))
-
     def _busy(self):
         return bool(self.queue.inflight_count() or self.executor or self._negotiating())
 
@@ -421,9 +407,7 @@ class Background:
 
     def _timeout(self, sleeps, last_progress):
         inflight = self.queue.inflight_count()
-        if self._device_bound():
-            timeout = DEVICE_POLL
-        elif self._busy() or self.channel.progress():
+        if self._busy() or self.channel.progress():
             spent = time.perf_counter() - last_progress
             if spent < SPIN_TIME + SPIN_PER_TENSOR * inflight:
                 return None

@@ -23,10 +23,6 @@ def _ready(waitable):
     return waitable is None or waitable.ready()
 
 
-def _on_device(op):
-    return op.started is not None and getattr(op._waiting, "on_device", False)
-
-
 class Operation:
     """One response being run: its entries, names and backend generator."""
 
@@ -116,8 +112,7 @@ class Executor:
         while True:
             for key in list(self._lanes):
                 done.extend(self._drive(key, self._lanes[key]))
-            if (done or not self._lanes or time.perf_counter() > deadline
-                    or self.device_bound()):
+            if done or self._queued or not self._lanes or time.perf_counter() > deadline:
                 return done
 
     def _drive(self, key, lane):
@@ -143,13 +138,6 @@ class Executor:
         device since the last call: their results are valid in stream order."""
         queued, self._queued = self._queued, []
         return queued
-
-    def device_bound(self):
-        """Whether every lane waits for work queued on a device (a GPU
-        stream's event): no MPI call of theirs needs testing to move on, so
-        polling them in a tight loop only takes the interpreter lock from
-        the threads that compute and submit."""
-        return all(_on_device(lane[0]) for lane in self._lanes.values())
 
     def busy(self, lane):
         """Whether `lane` has an operation in flight."""

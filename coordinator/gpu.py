@@ -252,9 +252,6 @@ class DeviceWait:
     results, given where this waits for its last work."""
 
     __slots__ = ("device", "events", "keep", "check", "fired", "results")
-    # What it waits for runs on a device: testing it more often does not
-    # make it finish sooner (executor.Executor.device_bound).
-    on_device = True
 
     def __init__(self, device, events, keep=None, check=None, results=None):
         self.device = device

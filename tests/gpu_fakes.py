@@ -10,7 +10,7 @@ event has fired), and FakeNccl runs each NCCL call as the matching MPI call
 on host memory. A FakeNccl given a latency and bandwidth makes its calls
 take time on their stream: the data moves at once, but the stream's events
 fire only once the calls would have run (to study how the background thread
-waits for a GPU; tests/scripts/gpu_hook_contention.py).
+waits for a GPU: tests/gpu_sim.py and the scripts that use it).
 """
 
 import ctypes
@@ -147,6 +147,16 @@ class _Stream:
     @staticmethod
     def current_stream():
         return (_Stream.current or [_NULL])[-1]
+
+    @staticmethod
+    def of(ptr):
+        """The stream whose pointer is `ptr`; None or 0: the current one."""
+        if not ptr:
+            return _Stream.current_stream()
+        for stream in _Stream.made:
+            if stream.ptr == ptr:
+                return stream
+        raise ValueError(f"no fake stream has pointer {ptr:#x}")
 
     def spend(self, seconds):
         """Queues `seconds` of work: it starts once the stream is free."""
@@ -327,12 +337,14 @@ class FakeNccl:
         self.latency = latency
         self.bandwidth = bandwidth
 
-    def called(self, name, count, dtype):
+    def called(self, name, count, dtype, stream=None):
+        """Records a call; timed, it spends the time of the stream whose
+        pointer is `stream` (by default the current stream)."""
         self.calls.append((name, count))
         self.call_times.append(time.perf_counter())
         if self.latency is not None:
             nbytes = count * np.dtype(_NCCL_DTYPES[dtype]).itemsize
-            _Stream.current_stream().spend(self.latency + nbytes / self.bandwidth)
+            _Stream.of(stream).spend(self.latency + nbytes / self.bandwidth)
 
     def get_unique_id(self):
         """Unique per call and caller: the world rank and a count."""
@@ -389,7 +401,7 @@ class _FakeNcclComm:
     def allReduce(self, send, recv, count, dtype, op, stream):
         from mpi4py import MPI
 
-        self.nccl.called("allReduce", count, dtype)
+        self.nccl.called("allReduce", count, dtype, stream)
         if dtype == FakeNccl.NCCL_BFLOAT16:
             self._bfloat16_allreduce(send, recv, count, op)
             return
@@ -410,14 +422,14 @@ class _FakeNcclComm:
         self.nccl.run(self.comm.Iallreduce(wide, total, self._op(op)), narrow)
 
     def broadcast(self, send, recv, count, dtype, root, stream):
-        self.nccl.called("broadcast", count, dtype)
+        self.nccl.called("broadcast", count, dtype, stream)
         out = _host(recv, count, _NCCL_DTYPES[dtype])
         if self.comm.rank == root and send != recv:
             out[:] = _host(send, count, _NCCL_DTYPES[dtype])
         self.nccl.run(self.comm.Ibcast(out, root=root))
 
     def reduceScatter(self, send, recv, count, dtype, op, stream):
-        self.nccl.called("reduceScatter", count, dtype)
+        self.nccl.called("reduceScatter", count, dtype, stream)
         size = self.comm.size
         src = _host(send, count * size, _NCCL_DTYPES[dtype])
         out = _host(recv, count, _NCCL_DTYPES[dtype])
@@ -430,18 +442,18 @@ class _FakeNcclComm:
     def allGather(self, send, recv, count, dtype, stream):
         from mpi4py import MPI
 
-        self.nccl.called("allGather", count, dtype)
+        self.nccl.called("allGather", count, dtype, stream)
         out = _host(recv, count * self.comm.size, _NCCL_DTYPES[dtype])
         in_place = send == recv + self.comm.rank * count * np.dtype(_NCCL_DTYPES[dtype]).itemsize
         src = MPI.IN_PLACE if in_place else _host(send, count, _NCCL_DTYPES[dtype])
         self.nccl.run(self.comm.Iallgather(src, out))
 
     def send(self, ptr, count, dtype, peer, stream):
-        self.nccl.called("send", count, dtype)
+        self.nccl.called("send", count, dtype, stream)
         self.nccl.run(self.comm.Isend(_host(ptr, count, _NCCL_DTYPES[dtype]), peer, 5))
 
     def recv(self, ptr, count, dtype, peer, stream):
-        self.nccl.called("recv", count, dtype)
+        self.nccl.called("recv", count, dtype, stream)
         self.nccl.run(self.comm.Irecv(_host(ptr, count, _NCCL_DTYPES[dtype]), peer, 5))
 
     def check_async_error(self):

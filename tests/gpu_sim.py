@@ -49,22 +49,22 @@ class _SimComm:
         self.nccl = nccl
 
     def allReduce(self, send, recv, count, dtype, op, stream):
-        self.nccl.called("allReduce", count, dtype)
+        self.nccl.called("allReduce", count, dtype, stream)
 
     def broadcast(self, send, recv, count, dtype, root, stream):
-        self.nccl.called("broadcast", count, dtype)
+        self.nccl.called("broadcast", count, dtype, stream)
 
     def reduceScatter(self, send, recv, count, dtype, op, stream):
-        self.nccl.called("reduceScatter", count, dtype)
+        self.nccl.called("reduceScatter", count, dtype, stream)
 
     def allGather(self, send, recv, count, dtype, stream):
-        self.nccl.called("allGather", count, dtype)
+        self.nccl.called("allGather", count, dtype, stream)
 
     def send(self, ptr, count, dtype, peer, stream):
-        self.nccl.called("send", count, dtype)
+        self.nccl.called("send", count, dtype, stream)
 
     def recv(self, ptr, count, dtype, peer, stream):
-        self.nccl.called("recv", count, dtype)
+        self.nccl.called("recv", count, dtype, stream)
 
     def check_async_error(self):
         pass
@@ -111,26 +111,14 @@ def max_busy():
     return max(s.busy_until for s in gpu_fakes._Stream.made)
 
 
-_ORIGINAL = {}
+def complete_early(on):
+    """Switches HOROVOD_ENABLE_ASYNC_COMPLETION on the running coordinator:
+    GPU handles complete once their work is queued (on) or once it has run."""
+    from coordinator import runtime
 
-
-def use_waiting(policy):
-    """How the coordinator's background thread waits for GPU work, switched
-    on the running process: "poll" (its own way), "spin" (as for MPI work,
-    as before 2026-11-26), or "async" (poll, and complete handles once
-    their work is queued: HOROVOD_ENABLE_ASYNC_COMPLETION)."""
-    from coordinator import background, executor, runtime
-
-    if not _ORIGINAL:
-        _ORIGINAL["background"] = background.Background._device_bound
-        _ORIGINAL["executor"] = executor.Executor.device_bound
-    spin = policy == "spin"
-    background.Background._device_bound = (
-        (lambda self: False) if spin else _ORIGINAL["background"])
-    executor.Executor.device_bound = (lambda self: False) if spin else _ORIGINAL["executor"]
     rt = runtime.current()
     if rt is not None:
-        rt.background.executor._early = policy == "async"
+        rt.background.executor._early = on
 
 
 def device_array(shape, dtype=np.float32):

@@ -61,17 +61,11 @@ def test_waited_spin_only_when_every_rank_has_a_cpu():
     assert waited_spin_budget(4, 2) == 0.0
 
 
-class DeviceExecutor:
-    """Operations in flight that all wait for a GPU (or not)."""
-
-    def __init__(self, device_bound=True):
-        self._device_bound = device_bound
+class InFlight:
+    """Operations in flight (GPU or MPI: the loop waits for both alike)."""
 
     def __bool__(self):
         return True
-
-    def device_bound(self):
-        return self._device_bound
 
     def busy(self, lane):
         return True
@@ -120,27 +114,17 @@ def test_loop_polls_while_a_thread_waits_and_sleeps_otherwise():
     assert _loop_state(1, 1, budget)._timeout(3, long_ago) > 0
 
 
-def test_with_only_gpu_work_in_flight_the_loop_sleeps_between_looks_instead_of_spinning():
-    """Right after progress the loop would spin (it holds the interpreter
-    lock the backward pass's gradient hooks need); with only GPU work in
-    flight and no cycle due it sleeps DEVICE_POLL between looks."""
+def test_gpu_work_in_flight_is_waited_for_as_mpi_work_is():
+    """Right after progress the loop spins, then backs off, whatever is in
+    flight. Sleeping 100 us between looks while only GPU work was in flight
+    (tried on 2026-11-26) made the ResNet-50 step on the H100 1.46-1.60x
+    DDP's, against 1.06-1.25x this way, so the loop does not tell them apart."""
     now = time.perf_counter()
-    assert _loop_state(4, 0, 0.0, DeviceExecutor(False))._timeout(0, now) is None  # MPI: spin
-    assert _loop_state(4, 0, 0.0, DeviceExecutor(True))._timeout(0, now) == background.DEVICE_POLL
-    assert _loop_state(4, 1, background.SPIN_WAITED,
-                       DeviceExecutor(True))._timeout(0, now) == background.DEVICE_POLL
-    # A cycle in flight, or one due, is host work: spin as before.
-    cycling = _loop_state(4, 0, 0.0, DeviceExecutor(True))
-    cycling.cycle = types.SimpleNamespace(in_flight=True)
-    assert cycling._timeout(0, now) is None
-    due = _loop_state(4, 0, 0.0, DeviceExecutor(True))
-    due._woken = True
-    assert due._timeout(0, now) is None
-    # A cycle that waits out a back-off shorter than DEVICE_POLL is not late.
-    backing_off = _loop_state(4, 0, 0.0, DeviceExecutor(True))
-    backing_off.sent = [object()]
-    backing_off._next_post = time.monotonic() + background.DEVICE_POLL / 4
-    assert 0 < backing_off._timeout(0, now) <= background.DEVICE_POLL / 4
+    assert _loop_state(4, 0, 0.0, InFlight())._timeout(0, now) is None
+    long_ago = now - 1.0
+    assert _loop_state(4, 0, 0.0, InFlight())._timeout(3, long_ago) == background.BACKOFF_MIN * 8
+    assert _loop_state(4, 0, 0.0, InFlight())._timeout(20, long_ago) == background.BACKOFF_MAX
+
 
 
 def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():

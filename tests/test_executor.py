@@ -1,25 +1,36 @@
-"""The executor drives operations without blocking (coordinator/executor.py);
-one whose lanes all wait for a device is tested once per call, not in a
-tight loop."""
+"""The executor drives operations without blocking (coordinator/executor.py):
+each progress call tests the operations in flight again and again for up to
+Executor.BURST, whether they wait for MPI or for a device, and returns as
+soon as one has finished or (with early completion) has all its work queued."""
 
+from coordinator import gpu
 from coordinator.executor import Executor, Operation
 
 
 class Waitable:
-    """Counts how often it is tested; ready once `fire()` was called."""
+    """Counts how often it is tested; ready once tested `after` times."""
 
-    def __init__(self, on_device):
-        if on_device:
-            self.on_device = True
+    def __init__(self, after=None, results=None):
+        self.after = after
         self.tests = 0
-        self.fired = False
+        self.results = results  # as gpu.DeviceWait carries them
 
     def ready(self):
         self.tests += 1
-        return self.fired
+        return self.after is not None and self.tests >= self.after
 
-    def fire(self):
-        self.fired = True
+
+class Event:
+    """A CUDA event's stand-in: fired once read `after` times."""
+
+    def __init__(self, after=None):
+        self.after = after
+        self.reads = 0
+
+    @property
+    def done(self):
+        self.reads += 1
+        return self.after is not None and self.reads >= self.after
 
 
 def _op(lane, *waits, result="done"):
@@ -30,46 +41,41 @@ def _op(lane, *waits, result="done"):
     return Operation(response=None, entries=[None], names=["t"], lane=lane, gen=gen())
 
 
-def test_an_operation_waiting_for_its_device_is_tested_once_per_progress_call():
-    device = Waitable(on_device=True)
+def test_an_operation_in_flight_is_tested_for_the_whole_burst():
+    mpi, event = Waitable(), Event()
+    for lane, waiting, tests in (((0, -1), mpi, lambda: mpi.tests),
+                                 ((0, 0), gpu.DeviceWait(0, [event]), lambda: event.reads)):
+        ex = Executor()
+        assert ex.start(_op(lane, waiting)) == []
+        before = tests()
+        assert ex.progress() == []
+        assert tests() > before + 1  # polled again and again for Executor.BURST
+
+
+def test_an_operation_that_finishes_during_the_burst_is_returned_by_that_call():
+    """Its completion is seen within microseconds, not at the next call: on
+    the GPU the next NCCL call can start only after it."""
     ex = Executor()
-    assert ex.start(_op((0, 0), device)) == []
-    assert ex.device_bound()
-    before = device.tests
-    assert ex.progress() == []
-    assert device.tests == before + 1
-    device.fire()
+    ex.start(_op((0, 0), gpu.DeviceWait(0, [Event(after=5)])))
     (done,) = ex.progress()
     assert done.results == ["done"] and not ex
 
 
-def test_an_operation_waiting_for_mpi_is_tested_for_the_whole_burst():
-    host = Waitable(on_device=False)
-    ex = Executor()
-    ex.start(_op((0, -1), host))
-    assert not ex.device_bound()
-    before = host.tests
-    assert ex.progress() == []
-    assert host.tests > before + 1  # polled again and again for Executor.BURST
+def test_with_early_completion_a_queued_operation_is_handed_out_at_once():
+    waiting = Waitable(results=["queued"])  # never fires during the test
+    ex = Executor(early=True)
+    ex.start(_op((0, 0), waiting))
+    (queued,) = ex.take_queued()
+    assert queued.queued_results == ["queued"] and ex  # still in flight
+    assert ex.progress() == [] and ex.take_queued() == []  # handed out once
 
 
-def test_a_device_operation_is_device_bound_only_once_its_mpi_part_is_done():
-    """A GPU lane's first operation sends its NCCL id over MPI first."""
-    id_sent, device = Waitable(on_device=False), Waitable(on_device=True)
-    ex = Executor()
+def test_with_early_completion_progress_returns_once_an_operation_is_queued():
+    """A GPU lane's first operation sends its NCCL id over MPI, then queues
+    its work: the call that sees it queued returns so its handles complete."""
+    id_sent, device = Waitable(after=3), Waitable(results=["queued"])
+    ex = Executor(early=True)
     ex.start(_op((0, 0), id_sent, device))
-    assert not ex.device_bound()
-    id_sent.fire()
-    ex.progress()
-    assert ex.device_bound()
-
-
-def test_one_lane_waiting_for_mpi_keeps_the_executor_polling():
-    device, host = Waitable(on_device=True), Waitable(on_device=False)
-    ex = Executor()
-    ex.start(_op((0, 0), device))
-    ex.start(_op((1, -1), host))
-    assert not ex.device_bound()
-    host.fire()
-    ex.progress()
-    assert ex.device_bound()
+    assert ex.progress() == []
+    assert device.tests <= 1  # not polled on for the rest of the burst
+    assert [op.queued_results for op in ex.take_queued()] == [["queued"]]

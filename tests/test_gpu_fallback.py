@@ -291,7 +291,7 @@ def test_an_nccl_operation_waits_on_its_device_until_its_time_has_passed(host_ke
     gen = ops.allreduce(_response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM), entries,
                         ["a", "b"])
     waiting = next(gen)
-    while not getattr(waiting, "on_device", False):  # the lane opens over "MPI" first
+    while not isinstance(waiting, gpu.DeviceWait):  # the lane opens over "MPI" first
         assert waiting.ready()
         waiting = gen.send(None)
     assert not waiting.ready()  # 30 s of simulated NCCL
@@ -303,21 +303,6 @@ def test_an_nccl_operation_waits_on_its_device_until_its_time_has_passed(host_ke
     outs = drive(gen)
     for out in outs:
         np.testing.assert_array_equal(out.get(), np.full(4, 2.0, np.float32))
-
-
-@pytest.mark.mpi
-def test_the_hook_contention_benchmark_runs_both_policies():
-    from mpi_harness import mpirun
-
-    if shutil.which("gcc") is None:
-        pytest.skip("no C compiler for the fake's kernels")
-    proc = mpirun(["tests/scripts/gpu_hook_contention.py", "--rounds", "1", "--hooks", "8"],
-                  np_=1, timeout=120)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    for case in ("idle", "busy"):
-        assert re.search(rf"{case}: lock wait per hook poll \d+ us, spin \d+ us; all hooks in: "
-                         rf"poll [\d.]+ ms, spin [\d.]+ ms; spin/poll [\d.]+", out), out
 
 
 def test_the_simulated_gpu_spends_stream_time_and_moves_nothing():
@@ -340,6 +325,39 @@ def test_the_simulated_gpu_spends_stream_time_and_moves_nothing():
     assert nccl.calls == [("allReduce", 1000)]
 
 
+def test_a_timed_nccl_call_spends_the_time_of_the_stream_it_was_given():
+    """As NCCL's calls do: their stream argument, not the current stream."""
+    cp = gpu_fakes.fake_cupy()
+    lane, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    nccl = gpu_fakes.FakeNccl(gpu_fakes.SoloComm(), latency=30.0, bandwidth=1e9)
+    with other:
+        nccl.called("allReduce", 4, gpu_fakes.FakeNccl.NCCL_FLOAT32, lane.ptr)
+    assert lane.busy_until > time.perf_counter() + 20
+    assert other.busy_until < time.perf_counter()
+    with pytest.raises(ValueError, match="no fake stream"):
+        nccl.called("allReduce", 4, gpu_fakes.FakeNccl.NCCL_FLOAT32, 0xdead)
+
+
+@pytest.mark.mpi
+def test_bench_gpu_runs_on_the_simulated_gpu_and_breaks_b_down():
+    """`python -m coordinator.bench --gpu` itself, on the simulated GPU: (A),
+    (B) and where (B)'s time goes (submission, first handle, all done)."""
+    from mpi_harness import mpirun
+
+    proc = mpirun(["tests/scripts/gpu_bench_on_sim.py", "--repeats", "2"], np_=2, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    number = r"\s+[\d.]+\s+[\d.]+\s+ms\s+"
+    assert re.search(r"\(A\) 64 MiB CUDA allreduce vs bare NCCL" + number + r"[\d.]+", out), out
+    assert re.search(r"\(B\) ResNet-50 161 CUDA grads \(bare: fused\)" + number + r"[\d.]+",
+                     out), out
+    assert re.search(r"\(B\) ours: all 161 submitted" + number + r"-\s+[\d.]+ us a tensor",
+                     out), out
+    assert re.search(r"\(B\) ours: first handle done" + number
+                     + r"-\s+[-+][\d.]+ ms past submitted \+ bare fused", out), out
+    assert re.search(r"\(B\) ours: all 161 synchronized" + number, out), out
+
+
 @pytest.mark.mpi
 def test_the_simulated_bench_b_reports_ours_against_one_fused_call():
     from mpi_harness import mpirun
@@ -354,13 +372,13 @@ def test_the_simulated_bench_b_reports_ours_against_one_fused_call():
 
 
 @pytest.mark.mpi
-def test_the_simulated_training_step_compares_the_policies_with_ddp_and_local():
+def test_the_simulated_training_step_compares_ours_with_ddp_and_local():
     from mpi_harness import mpirun
 
     proc = mpirun(["tests/scripts/gpu_sim_step.py", "--rounds", "1"], np_=1, timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for name in ("ddp", "local", "ours-poll", "ours-spin", "ours-async"):
+    for name in ("ddp", "local", "ours", "ours-async"):
         assert re.search(rf"  {name}\s+median step\s+[\d.]+ ms, ratio to ddp [\d.]+", out), out
 
 

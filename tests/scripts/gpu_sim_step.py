@@ -21,12 +21,10 @@ autograd's does; the backward's gradient hooks run in a thread of their own
   append in Python where DDP's are C++: a little slower than DDP.
 - local: no communication.
 
-With `--policy spin` the coordinator's background thread spins while GPU
-work is in flight, as before 2026-11-26's change; with `async` it polls
-and completes handles once their work is queued
-(HOROVOD_ENABLE_ASYNC_COMPLETION); with `all` (the default), rounds
-alternate the three. Rank 0 prints each implementation's median step and
-the median of the per-round ratios to ddp.
+"ours-async" is ours with the handles completed once their work is queued
+(HOROVOD_ENABLE_ASYNC_COMPLETION); `--completion sync` or `async` runs only
+one of the two. Rank 0 prints each implementation's median step and the
+median of the per-round ratios to ddp.
 """
 
 import argparse
@@ -58,7 +56,7 @@ def _precise_sleep():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--policy", choices=["poll", "spin", "async", "all"], default="all")
+    parser.add_argument("--completion", choices=["sync", "async", "both"], default="both")
     args = parser.parse_args()
 
     from mpi4py import MPI
@@ -144,11 +142,11 @@ def main():
         optimizer_and_sync()
 
     steps = {"ours": step_ours, "ddp": step_ddp, "local": step_local}
-    names = ["ddp", "local"] + (["ours-poll", "ours-spin", "ours-async"] if args.policy == "all"
-                                else [f"ours-{args.policy}"])
+    names = ["ddp", "local"] + {"sync": ["ours"], "async": ["ours-async"],
+                                "both": ["ours", "ours-async"]}[args.completion]
 
     def timed(name):
-        gpu_sim.use_waiting(name.split("-")[1] if name.startswith("ours") else "poll")
+        gpu_sim.complete_early(name == "ours-async")
         world.Barrier()
         gpu_sim.wait_device()
         start = time.perf_counter()
@@ -173,7 +171,7 @@ def main():
             ratio = statistics.median(row / ddp)
             print(f"  {name:9s} median step {statistics.median(row) * 1e3:7.2f} ms, "
                   f"ratio to ddp {ratio:.3f}")
-    gpu_sim.use_waiting("poll")
+    gpu_sim.complete_early(False)
     hvd.shutdown()
 
 
