@@ -20,7 +20,9 @@ rounds of the paired ratio ours / DDP.
 `--profile N` then runs N more steps of each implementation under
 torch.profiler and prints where each step's GPU time went (step_profile.py):
 the NCCL calls, when backward's kernels ended, the tail after them; the
-traces stay in `--profile-dir` for Perfetto.
+traces stay in `--profile-dir` for Perfetto. `--host-profile N` runs N more
+steps of each and prints where the host's time went (host_profile.py): the
+gradient submissions' cost and every thread's sampled stacks.
 
 On a machine where the ranks' compute threads use every core, the figure
 depends on Open MPI's mpi_yield_when_idle: without it a rank that enters a
@@ -140,6 +142,9 @@ def main():
                              "GPU handles complete once queued; synchronize orders the stream)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then profile N steps of each and print where their GPU time went")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="N",
+                        help="then run N more steps of each, timing the gradient submissions "
+                             "and sampling every thread's stack, and print where host time went")
     parser.add_argument("--profile-dir", default=os.environ.get("OUT", "."),
                         help="where the profiler's traces go (default: $OUT or .)")
     args = parser.parse_args()
@@ -210,6 +215,18 @@ def main():
                       f"(traces in {args.profile_dir})", flush=True)
                 for name in order:
                     print("\n".join(step_profile.report(name, profiled[name])), flush=True)
+    if args.host_profile:
+        import host_profile
+
+        lines = host_profile.profile_host(
+            steppers, order, lambda model, opt, annotate: step(model, opt, x, y, annotate),
+            args.host_profile, hvd.barrier)
+        for r in range(size):
+            hvd.barrier()
+            if r == rank:
+                print(f"rank {rank}: where the host time of a step went", flush=True)
+                for name in order:
+                    print("\n".join(lines[name]), flush=True)
     dist.destroy_process_group()
     hvd.shutdown()
 

@@ -19,15 +19,21 @@
 #          traces stay in /tmp/p18 there: the device tool returns at most 8
 #          files). Not in the default set: name it.
 #   p50    the same with ResNet-50
+#   h18    ResNet-18 again, 3 steps of each with the host's time laid out
+#          (compare_ddp.py --host-profile): backward() and opt.step() on the
+#          host, what each gradient submission cost, and where every thread
+#          was when sampled. Not in the default set: name it.
+#   h50    the same with ResNet-50
 #   a18    r18 with HOROVOD_ENABLE_ASYNC_COMPLETION=1 (compare_ddp.py
 #          --async-completion); not in the default set: name it
 #   a50    the same with ResNet-50
-# Each part has a time limit, so one that hangs leaves time for the rest.
+# Each part has a time limit, so one that hangs leaves time for the rest;
+# on 2026-11-27 each took 15-22 s there (the machine's start about 30 s more).
 # Its whole output goes to $OUT/<part>.txt (./gpu-out without $OUT), its
 # last lines and exit status to stdout.
 cd "$(dirname "$0")/../.." || exit 1
 for part in "$@"; do
-  case $part in tests|bench|r18|r50|p18|p50|a18|a50) ;; *) echo "unknown part '$part' (tests, bench, r18, r50, p18, p50, a18, a50)" >&2; exit 2 ;; esac
+  case $part in tests|bench|r18|r50|p18|p50|h18|h50|a18|a50) ;; *) echo "unknown part '$part' (tests, bench, r18, r50, p18, p50, h18, h50, a18, a50)" >&2; exit 2 ;; esac
 done
 # Install the carried wheels and build the native kernels once, for all parts.
 [ -n "$MPIRUN2" ] || exec bash .device/device_env.sh bash tests/gpu/device_checks.sh "$@"
@@ -47,6 +53,8 @@ for part in "${parts[@]}"; do
     a50) limit=150 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6 --async-completion' keep=6 ;;
     p18|p50) limit=120 model=resnet${part#p}
       cmd="\$MPIRUN2 \$PY examples/torch/compare_ddp.py --model $model --device cuda --ddp-backend nccl --batch-size 32 --rounds 2 --profile 3 --profile-dir /tmp/$part" keep=40 ;;
+    h18|h50) limit=90 model=resnet${part#h}
+      cmd="\$MPIRUN2 \$PY examples/torch/compare_ddp.py --model $model --device cuda --ddp-backend nccl --batch-size 32 --rounds 2 --host-profile 3" keep=50 ;;
   esac
   echo "== $part (limit ${limit} s): $cmd"
   start=$SECONDS
