@@ -20,6 +20,7 @@ import ast
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,14 @@ def _run_in_own_session(cmd, env=None, **kwargs):
     env = dict(os.environ if env is None else env)
     with own_session_base(env, OPEN_MPI, cmd, prefix="mpisession-"):
         return subprocess.run(cmd, capture_output=True, text=True, env=env, **kwargs)
+
+
+def torch_distributed_env():
+    """MASTER_PORT for a job that also starts torch.distributed (compare_ddp.py):
+    a port free now, so that two such jobs at once do not both take 29512."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": s.getsockname()[1]}
 
 
 def mpirun(args, np_=2, env=None, timeout=180):

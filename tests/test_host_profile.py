@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from mpi_harness import mpirun
+from mpi_harness import mpirun, torch_distributed_env
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "torch"))
 import host_profile  # noqa: E402
@@ -74,7 +74,7 @@ def test_compare_ddp_host_profile_reports_each_implementation():
     pytest.importorskip("torch")
     proc = mpirun(["examples/torch/compare_ddp.py", "--rounds", "1", "--block", "1",
                    "--warmup", "1", "--batch-size", "16", "--threads", "1",
-                   "--host-profile", "2"], np_=2, timeout=240)
+                   "--host-profile", "2"], np_=2, env=torch_distributed_env(), timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for rank in (0, 1):

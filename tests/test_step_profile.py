@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mpi_harness import mpirun
+from mpi_harness import mpirun, torch_distributed_env
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples", "torch"))
 import step_profile  # noqa: E402
@@ -86,7 +86,8 @@ def test_compare_ddp_profiles_each_implementation_and_keeps_the_traces(tmp_path)
     proc = mpirun(["examples/torch/compare_ddp.py", "--rounds", "2", "--block", "1",
                    "--warmup", "1", "--batch-size", "16", "--threads", "1", "--profile", "2",
                    "--async-completion",
-                   "--profile-dir", str(tmp_path)], np_=2, timeout=240)
+                   "--profile-dir", str(tmp_path)], np_=2, env=torch_distributed_env(),
+                  timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert re.search(r"ratio ours/ddp = [\d.]+", out), out
