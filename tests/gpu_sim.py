@@ -12,6 +12,13 @@ Results are garbage; timings are the point.
 A rank's NCCL call here completes on its own clock, not when the last rank
 joins: the ranks negotiate each operation together, so they queue it
 within microseconds of each other.
+
+What it leaves out: what CUDA's and CuPy's calls cost the host and how they
+hand the interpreter lock between threads (the fake's calls are Python that
+keeps it), and the GPU shared by the ranks' processes. On 2026-11-27 the
+H100 contradicted it: the background thread sleeping between looks at GPU
+work made its simulated ResNet-50 step 0.98x a DDP-style one and the real
+step 1.5x DDP's. Decide nothing about the host's threads from it alone.
 """
 
 import time
