@@ -126,7 +126,6 @@ def test_gpu_work_in_flight_is_waited_for_as_mpi_work_is():
     assert _loop_state(4, 0, 0.0, InFlight())._timeout(20, long_ago) == background.BACKOFF_MAX
 
 
-
 def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():
     """A rank holds its next cycle back while every tensor waiting for one is
     a GPU tensor of the global set whose lane still runs an operation (they

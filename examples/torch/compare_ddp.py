@@ -123,6 +123,14 @@ def timed_steps(model, opt, x, y, steps):
     return times
 
 
+def print_in_rank_order(header, lines):
+    """Each rank prints its `header` and `lines`, rank 0 first."""
+    for r in range(hvd.size()):
+        hvd.barrier()
+        if r == hvd.rank():
+            print("\n".join([header] + lines), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="small_cnn",
@@ -202,31 +210,25 @@ def main():
               f"IQR {q1:.3f}-{q3:.3f}); ratio of medians {med['ours'] / med['ddp']:.3f}; "
               f"ours - local = {(med['ours'] - med['local']) * 1e3:+.2f} ms, "
               f"ddp - local = {(med['ddp'] - med['local']) * 1e3:+.2f} ms")
+    def profiled_step(model, opt, annotate):
+        step(model, opt, x, y, annotate)
+
     if args.profile:
         import step_profile
 
-        profiled = step_profile.profile_steps(
-            steppers, order, lambda model, opt, annotate: step(model, opt, x, y, annotate),
-            args.profile, args.profile_dir, rank, hvd.barrier)
-        for r in range(size):
-            hvd.barrier()
-            if r == rank:
-                print(f"rank {rank}: where the GPU time of a step went "
-                      f"(traces in {args.profile_dir})", flush=True)
-                for name in order:
-                    print("\n".join(step_profile.report(name, profiled[name])), flush=True)
+        profiled = step_profile.profile_steps(steppers, order, profiled_step, args.profile,
+                                              args.profile_dir, rank, hvd.barrier)
+        print_in_rank_order(f"rank {rank}: where the GPU time of a step went (traces in "
+                            f"{args.profile_dir})",
+                            [line for name in order
+                             for line in step_profile.report(name, profiled[name])])
     if args.host_profile:
         import host_profile
 
-        lines = host_profile.profile_host(
-            steppers, order, lambda model, opt, annotate: step(model, opt, x, y, annotate),
-            args.host_profile, hvd.barrier)
-        for r in range(size):
-            hvd.barrier()
-            if r == rank:
-                print(f"rank {rank}: where the host time of a step went", flush=True)
-                for name in order:
-                    print("\n".join(lines[name]), flush=True)
+        reports = host_profile.profile_host(steppers, order, profiled_step, args.host_profile,
+                                            hvd.barrier)
+        print_in_rank_order(f"rank {rank}: where the host time of a step went",
+                            [line for name in order for line in reports[name]])
     dist.destroy_process_group()
     hvd.shutdown()
 

@@ -96,7 +96,7 @@ class Timed:
         self.module, self.attr = module, attr
         self.original = getattr(module, attr)
         self.on = False
-        self.calls = []  # (start, seconds)
+        self.calls = []  # seconds each
         original = self.original
 
         def timed(*args, **kwargs):
@@ -106,12 +106,35 @@ class Timed:
             try:
                 return original(*args, **kwargs)
             finally:
-                self.calls.append((start, time.perf_counter() - start))
+                self.calls.append(time.perf_counter() - start)
 
         setattr(module, attr, timed)
 
     def restore(self):
         setattr(self.module, self.attr, self.original)
+
+
+class Phases:
+    """Seconds per phase of one step: `annotate(label)` times a phase."""
+
+    def __init__(self):
+        self.seconds = {}
+
+    def annotate(self, label):
+        return _Phase(self.seconds, label)
+
+
+class _Phase:
+    __slots__ = ("seconds", "label", "start")
+
+    def __init__(self, seconds, label):
+        self.seconds, self.label = seconds, label
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.seconds[self.label] = time.perf_counter() - self.start
 
 
 def quantile(values, q):
@@ -161,28 +184,17 @@ def profile_host(steppers, names, step_fn, steps, barrier):
             barrier()
             phases, submissions = [], []
             for _ in range(steps):
-                times = {}
-
-                class annotate:  # noqa: N801 - used as step_fn's context manager factory
-                    def __init__(self, label):
-                        self.label = label
-
-                    def __enter__(self):
-                        self.start = time.perf_counter()
-
-                    def __exit__(self, *exc):
-                        times[self.label] = time.perf_counter() - self.start
-
+                times = Phases()
                 for t in timers:
                     t.calls = []
                     t.on = True
                 sampler.on = True
-                step_fn(model, opt, annotate)
+                step_fn(model, opt, times.annotate)
                 sampler.on = False
                 for t in timers:
                     t.on = False
-                phases.append(times)
-                submissions.append([d for t in timers for _, d in t.calls])
+                phases.append(times.seconds)
+                submissions.append([d for t in timers for d in t.calls])
             out[name] = report(name, phases, [s for s in submissions if s], sampler.take())
     finally:
         sampler.stop()
