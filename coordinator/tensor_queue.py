@@ -52,7 +52,7 @@ class Entry:
                  "root_rank", "prescale", "postscale", "process_set_id", "device", "splits",
                  "group", "group_size", "ranks", "submit_time", "cache_id", "_pending",
                  "result", "error", "callback", "done", "key", "rejected", "since",
-                 "reported", "ready_event", "done_event")
+                 "reported", "ready_point", "done_event")
 
     def __init__(self, name, op, tensor=None, output=None, dtype_info=None, shape=(),
                  reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
@@ -86,7 +86,7 @@ class Entry:
         # Device tensors: the event after which the tensor may be read (recorded
         # on the submitting thread's stream), and the backend's DeviceWait for
         # the work that wrote the result (gpu.py).
-        self.ready_event = None
+        self.ready_point = None
         self.done_event = None
         # Held until the entry completes: waiting is acquiring it. A bare lock
         # costs a fraction of a threading.Event on this hot path.

@@ -114,12 +114,72 @@ def test_a_device_output_must_match_the_tensor(fake_cupy):
     assert collectives._output(out, x, 0, "x") is out
 
 
-def test_a_grouped_submission_shares_one_ready_event(fake_cupy):
+def test_a_submission_makes_no_event_and_marks_the_callers_stream(fake_cupy, monkeypatch):
+    """record_ready notes where the caller's stream was (one ready point per
+    device, shared by a grouped submission); the event is recorded on that
+    stream only when a backend asks for it, on whatever stream is current
+    then, and only once."""
+    made = []
+
+    class Event(gpu_fakes._Event):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(fake_cupy.cuda, "Event", Event)
+    caller, launcher = gpu_fakes._Stream(), gpu_fakes._Stream()
     entries = [Entry(f"t{i}", pb.ALLREDUCE, device=0) for i in range(3)]
     entries.append(Entry("cpu", pb.ALLREDUCE, device=-1))
-    gpu.record_ready(entries)
-    events = {id(e.ready_event) for e in entries[:3]}
-    assert len(events) == 1 and entries[3].ready_event is None
+    with caller:
+        gpu.record_ready(entries)
+    assert made == []
+    assert len({id(e.ready_point) for e in entries[:3]}) == 1
+    assert entries[3].ready_point is None
+    with launcher:
+        events = gpu.ready_events(entries + [None])
+    assert events == made and len(events) == 1 and events[0].stream is caller
+    assert gpu.ready_events(entries) == events and len(made) == 1
+
+
+def test_a_frontend_names_the_callers_stream(fake_cupy):
+    """caller_stream stands for CuPy's current stream on its device, for
+    submissions and for synchronize, without entering it; nested, it
+    restores the outer one."""
+    named, inner = gpu_fakes._Stream(), gpu_fakes._Stream()
+    e = Entry("t", pb.ALLREDUCE, device=0)
+    with gpu.caller_stream(0, named):
+        assert gpu.current_stream(0) is named
+        assert gpu_fakes._Stream.current_stream() is not named  # not entered
+        assert gpu.current_stream(1) is not named  # another device: CuPy's current one
+        with gpu.caller_stream(0, inner):
+            assert gpu.current_stream(0) is inner
+        assert gpu.current_stream(0) is named
+        gpu.record_ready([e])
+    assert gpu.current_stream(0) is not named
+    (event,) = gpu.ready_events([e])
+    assert event.stream is named
+
+    pending = gpu_fakes._Event()
+    pending.done_at = float("inf")  # not fired
+    with gpu.caller_stream(0, named):
+        gpu.DeviceWait(0, [pending]).order_current_stream()
+    assert named.waited == [pending]
+
+
+def test_the_per_thread_default_stream_is_recorded_at_submission(fake_cupy, monkeypatch):
+    """cudaStreamPerThread names another stream on the background thread: an
+    event for it is recorded by the submitting thread."""
+    made = []
+    monkeypatch.setattr(fake_cupy.cuda, "Event",
+                        lambda **kw: made.append(gpu_fakes._Event(**kw)) or made[-1])
+    per_thread = gpu_fakes._Stream()
+    per_thread.ptr = 2  # cudaStreamPerThread
+    e = Entry("t", pb.ALLREDUCE, device=0)
+    with gpu.caller_stream(0, per_thread):
+        gpu.record_ready([e])
+    assert len(made) == 1 and made[0].stream is per_thread
+    with gpu_fakes._Stream():
+        assert gpu.ready_events([e]) == made
 
 
 # ------------------------------------------------------------ the decision
@@ -191,7 +251,7 @@ def _entry(op, values, **fields):
     x = FakeDeviceArray.of(values)
     info = dtypes.info_for(x.dtype)
     e = Entry("t", op, tensor=x, dtype_info=info, shape=x.shape, device=0, **fields)
-    e.ready_event = gpu_fakes._Event()
+    e.ready_point = gpu.ReadyPoint(0, gpu_fakes._Stream.current_stream())
     return e
 
 

@@ -18,7 +18,8 @@ order in which two sets' NCCL calls are queued can differ between ranks,
 and on one stream that order would make them wait on each other forever.
 
 Each operation makes the lane's stream wait for every tensor's ready event
-(recorded on the submitting thread's stream at submit), queues its kernels
+(recorded now on the stream the tensors were submitted on: gpu.ReadyPoint),
+queues its kernels
 and NCCL calls, records a completion event and yields until the event has
 fired (executor.py polls it; the background thread never blocks on the
 device). The timeline shows WAIT_FOR_DATA (until the ready events fired)
@@ -297,7 +298,7 @@ class NCCLOps:
         """The lane's device and stream current, its stream waiting for the
         entries' ready events."""
         with self.cp.cuda.Device(lane.device), lane.stream:
-            for event in gpu.unique_events(entries):
+            for event in gpu.ready_events(entries):
                 lane.stream.wait_event(event)
             yield
 
@@ -318,7 +319,7 @@ class NCCLOps:
         if not timeline.enabled:
             yield done
             return
-        ready = gpu.unique_events(entries)
+        ready = gpu.ready_events(entries)
         if ready:
             timeline.activity_start(names, "WAIT_FOR_DATA")
             yield gpu.DeviceWait(lane.device, ready, check=lane.comm.check_async_error)

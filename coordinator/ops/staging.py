@@ -148,7 +148,7 @@ class HostStaging:
         cp = self.cp
         arrays = []
         with cp.cuda.Device(device):
-            for event in gpu.unique_events(entries):
+            for event in gpu.ready_events(entries):
                 stream.wait_event(event)
             for e, start, n in zip(entries, starts, sizes):
                 if e is None or e.tensor is None:

@@ -6,15 +6,20 @@ view land in the tensor itself, and arrays the core allocates become tensors
 with `torch.from_numpy`, again without a copy. bfloat16, which NumPy lacks,
 travels as ml_dtypes.bfloat16: the int16 view of the storage, reinterpreted.
 
-CUDA tensors go to the core as CuPy arrays over DLPack (`cupy.from_dlpack`),
-without a copy, so in-place results land in the tensor itself; results come
-back with `torch.from_dlpack`, again without a copy. bfloat16 (which CuPy
-lacks) travels as the tensor's int16 view marked `coordinator.gpu.bfloat16`,
-bool as its uint8 view. Around each submission torch's current stream is
-made CuPy's current stream (`on_torch_stream`), so the core records the
-tensor's ready event where torch queued the work that wrote it, and
-synchronize orders torch's stream after the result. Without CuPy, CUDA
-tensors are staged through a host copy instead (the result is copied back).
+CUDA tensors go to the core as CuPy arrays over the tensor's own memory
+(`coordinator.gpu.view` of its data_ptr, cached per pointer, shape and
+dtype), without a copy, so in-place results land in the tensor itself;
+results come back with `torch.from_dlpack`, again without a copy. bfloat16
+(which CuPy lacks) travels as the tensor's int16 view marked
+`coordinator.gpu.bfloat16`, bool as its uint8 view. Each submission and
+synchronize names torch's current stream as the caller's stream
+(`on_torch_stream`), so the core records the tensors' ready point where
+torch queued the work that wrote them, and synchronize orders torch's
+stream after the result. Neither makes a CUDA call on the submitting
+thread: in a gradient hook each one lets go of the interpreter lock and has
+to win it back from the background thread (coordinator/gpu.py ReadyPoint).
+Without CuPy, CUDA tensors are staged through a host copy instead (the
+result is copied back).
 """
 
 import contextlib
@@ -56,6 +61,8 @@ def _core_takes_devices():
 
 _cupy_streams = {}  # (device, torch stream handle) -> the CuPy stream over it
 
+# torch's current stream as a raw handle: no torch.cuda.Stream object made.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 # For CPU tensors, on every submission and synchronize: a generator-based
 # context manager costs 0.9 us a use, this one 0.2.
@@ -63,25 +70,25 @@ _NOTHING = contextlib.nullcontext()
 
 
 def on_torch_stream(device):
-    """Makes torch's current stream on `device` CuPy's current stream too
-    (nothing for the CPU, device -1)."""
-    return _NOTHING if device < 0 else _on_device_stream(device)
+    """Names torch's current stream on `device` as the caller's stream for
+    the core (nothing for the CPU, device -1)."""
+    return _NOTHING if device < 0 else core_gpu.caller_stream(device, _cupy_stream(device))
 
 
-@contextlib.contextmanager
-def _on_device_stream(device):
-    cp = core_gpu.cupy()
-    stream = torch.cuda.current_stream(device)
-    key = (device, stream.cuda_stream)
-    wrapped = _cupy_streams.get(key)
+def _cupy_stream(device):
+    """torch's current stream on `device`, as a CuPy stream (made once per stream)."""
+    handle = (_raw_stream(device) if _raw_stream is not None
+              else torch.cuda.current_stream(device).cuda_stream)
+    wrapped = _cupy_streams.get((device, handle))
     if wrapped is None:
+        cp = core_gpu.cupy()
+        stream = torch.cuda.current_stream(device)
         if hasattr(cp.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
             wrapped = cp.cuda.Stream.from_external(stream)
         else:  # CuPy before 14
             wrapped = cp.cuda.ExternalStream(stream.cuda_stream, device)
-        _cupy_streams[key] = wrapped
-    with cp.cuda.Device(device), wrapped:
-        yield
+        _cupy_streams[(device, handle)] = wrapped
+    return wrapped
 
 
 class Bridged:
@@ -134,8 +141,38 @@ def _from_array(array):
     return torch.from_numpy(array)
 
 
+# What CuPy views each torch dtype as (it has no bfloat16 and stores bool as a byte).
+_CUPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32,
+                torch.float64: np.float64, torch.uint8: np.uint8, torch.int8: np.int8,
+                torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+                torch.bool: np.uint8, torch.bfloat16: np.int16}
+
+# CuPy views of CUDA tensors, by (data_ptr, shape, dtype): a gradient's
+# memory is the same step after step. A view does not keep its memory
+# alive: the tensor it came from does, for as long as the core uses it
+# (Bridged holds it), and a view of freed memory that is reused for a
+# tensor of the same shape and dtype is a right view of that tensor.
+_views = {}
+_MAX_VIEWS = 8192
+
+
 def _device_array(tensor):
-    """A CuPy view of a contiguous CUDA tensor (no copy)."""
+    """A CuPy view of a contiguous CUDA tensor (no copy, no call into CUDA)."""
+    dtype = _CUPY_DTYPES.get(tensor.dtype)
+    if dtype is None or tensor.numel() == 0:
+        return _dlpack_array(tensor)
+    key = (tensor.data_ptr(), tensor.shape, tensor.dtype)
+    array = _views.get(key)
+    if array is None:
+        if len(_views) >= _MAX_VIEWS:
+            _views.clear()
+        array = _views[key] = core_gpu.view(key[0], tuple(tensor.shape), dtype,
+                                            tensor.get_device())
+    return core_gpu.bfloat16(array) if tensor.dtype is torch.bfloat16 else array
+
+
+def _dlpack_array(tensor):
+    """A CuPy view of a contiguous CUDA tensor through DLPack (no copy)."""
     cp = core_gpu.cupy()
     t = tensor.detach() if tensor.requires_grad else tensor
     if t.dtype == torch.bfloat16:
@@ -151,7 +188,7 @@ def bridge(tensor, what, reducible=False):
     if tensor.is_cpu:  # (tensor.device.type costs 0.3 us, is_cpu 0.07)
         return Bridged(tensor, _host_array(tensor), -1, False)
     if tensor.is_cuda and _core_takes_devices():
-        return Bridged(tensor, _device_array(tensor), tensor.device.index, False)
+        return Bridged(tensor, _device_array(tensor), tensor.get_device(), False)
     # Staging: the core works on a host copy; results are copied back.
     return Bridged(tensor, _host_array(tensor.detach().cpu()), -1, True)
 

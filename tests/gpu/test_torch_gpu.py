@@ -150,3 +150,52 @@ def test_tensors_go_in_and_results_come_back_without_copies(hvd, cp, torch_cuda)
     back = _tensors.to_tensor(result, torch.empty(0, device="cuda"))
     assert back.data_ptr() == result.data.ptr and back.is_cuda
     np.testing.assert_array_equal(back.cpu().numpy()[:6], np.arange(6, dtype=np.float32))
+
+
+@pytest.mark.parametrize("name", ["bool", "uint8", "int32", "int64", "float16", "bfloat16",
+                                  "float32", "float64"])
+def test_the_cached_view_is_the_tensor_itself(hvd, cp, torch_cuda, name):
+    """A CUDA tensor reaches the core as a CuPy view of its own memory, made
+    once per pointer, shape and dtype (no DLPack, no CUDA call), equal to
+    what cupy.from_dlpack gives."""
+    torch, _ = torch_cuda
+    from frontends.torch import _tensors
+
+    dtype = getattr(torch, name)
+    t = values(torch, hvd.rank(), (5, 7), dtype, seed=3).cuda().requires_grad_(
+        dtype.is_floating_point)
+    def unmarked(array):  # bfloat16 comes marked: coordinator.gpu.bfloat16(int16 view)
+        return array.array if dtype == torch.bfloat16 else array
+
+    view = unmarked(_tensors._device_array(t))
+    assert unmarked(_tensors._device_array(t)) is view
+    slow = unmarked(_tensors._dlpack_array(t))
+    assert view.data.ptr == t.data_ptr() and view.shape == (5, 7)
+    assert view.dtype == slow.dtype and view.device.id == t.get_device()
+    np.testing.assert_array_equal(cp.asnumpy(view), cp.asnumpy(slow))
+    # Another shape over the same memory is another view.
+    assert unmarked(_tensors._device_array(t.view(-1))).shape == (35,)
+    # Writes through the view land in the tensor.
+    if dtype == torch.float32:
+        view[...] = 7
+        torch.cuda.synchronize()
+        assert bool((t == 7).all())
+
+
+def test_a_tensor_written_on_a_side_stream_is_reduced_after_it_is_written(hvd, torch_cuda):
+    """The ready point is the submitting stream's, whichever it is: the
+    collective waits for the work torch queued on it before the submission,
+    even though the event is recorded later, on the background thread."""
+    torch, thvd = torch_cuda
+    side = torch.cuda.Stream()
+    torch.cuda._sleep(1000)  # load the kernel first (loading can wait for the device)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        x = torch.ones(1 << 20, device="cuda")
+        torch.cuda._sleep(500_000_000)  # keeps the side stream busy
+        x.mul_(3)  # queued behind it: the allreduce must read this
+        handle = thvd.allreduce_async_(x, op=thvd.Sum, name="t.side")
+        out = thvd.synchronize(handle)  # the side stream now waits for the result
+        total = out.sum()
+    torch.cuda.synchronize()
+    assert out is x and total.item() == 3 * hvd.size() * (1 << 20)
