@@ -178,6 +178,7 @@ class Background:
         self.fast = {}  # slot -> entry waiting for a cycle
         self._riding = {}  # slot -> entry whose data the cycle in flight carries
         self._held_since = None  # when this rank began holding a cycle for its GPU lane
+        self._posted_through = 0  # entries pushed and drained before the last cycle posted
         self.classic = []  # global-set entries to describe in the next round
         self.stream = []  # other sets' entries to describe to rank 0 now
         self.sent = {}  # key -> entry described in a round, not answered yet
@@ -570,11 +571,16 @@ class Background:
         running an operation. Its next operation could not start before that
         one ends anyway, and gradients that arrive meanwhile join it: one
         larger NCCL call instead of several small ones, each of which pays
-        NCCL's latency (4.5 ms over sockets). Only when this rank posts
-        depends on it; what the cycle decides is the same on every rank."""
-        held = bool(self.fast) and not self.flags & (FLAG_CLASSIC | FLAG_REPORT) and all(
-            e.device >= 0 and e.key[0] == 0 and self.executor.busy((0, e.device))
-            for e in self.fast.values())
+        NCCL's latency (4.5 ms over sockets). Not once a frontend said no
+        more are coming (TensorQueue.flush: the last gradient of a step):
+        then the next operation is negotiated at once and queues its work
+        behind the running one (executor.py), instead of starting only after
+        the host has seen that one end. Only when this rank posts depends on
+        it; what the cycle decides is the same on every rank."""
+        held = (bool(self.fast) and not self.flags & (FLAG_CLASSIC | FLAG_REPORT)
+                and self.queue.flushed <= self._posted_through and all(
+                    e.device >= 0 and e.key[0] == 0 and self.executor.busy((0, e.device))
+                    for e in self.fast.values()))
         if not held:
             self._held_since = None
             return False
@@ -604,6 +610,7 @@ class Background:
             self._next_cycle_report = now + CYCLE_REPORT_GAP
         self._fresh = False
         self._woken = False
+        self._posted_through = self.queue.drained
         self._gap_until = now + self._cycle_gap
         self._load_riders()
         self.cycle.post(flags, now, self.slots.digest)

@@ -75,6 +75,21 @@ def resnet50_shapes():
     return shapes
 
 
+def resnet18_shapes():
+    """The 62 parameter shapes of torchvision's ResNet-18 (11,689,512 floats)."""
+    shapes = [(64, 3, 7, 7), (64,), (64,)]
+    in_ch = 64
+    for width in (64, 128, 256, 512):
+        for b in range(2):
+            shapes += [(width, in_ch, 3, 3), (width,), (width,),
+                       (width, width, 3, 3), (width,), (width,)]
+            if b == 0 and in_ch != width:
+                shapes += [(width, in_ch, 1, 1), (width,), (width,)]
+            in_ch = width
+    shapes += [(1000, 512), (1000,)]
+    return shapes
+
+
 def _thread_cpu(native_id):
     """CPU seconds a thread of this process has used (Linux), or 0."""
     try:

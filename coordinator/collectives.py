@@ -538,6 +538,19 @@ def barrier(process_set=global_process_set):
     synchronize(barrier_async(process_set))
 
 
+def flush():
+    """Says that no more tensors are coming soon, so the ones submitted so
+    far should not wait for others to fuse with: a frontend calls it after
+    the last gradient of a step (DistributedOptimizer). Without it the
+    background thread holds GPU tensors back while their lane is busy, to
+    send them in one larger call once it is free; with it they go at once,
+    queued on the device behind the call in flight. Does nothing before
+    init."""
+    rt = runtime.current()
+    if rt is not None:
+        rt.queue.flush()
+
+
 def poll(handle):
     """True once the operation behind `handle` has completed."""
     rt = _runtime_for("poll")

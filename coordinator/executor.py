@@ -12,7 +12,13 @@ stall instead of a hang.
 Operations are kept in lanes, one per communicator (process set): MPI needs
 the collectives of one communicator started in the same order on every
 member, so a lane runs its operations one after the other; lanes run side
-by side.
+by side. One exception: once a GPU operation has queued all its work on
+its lane's stream and says the next may follow (`DeviceWait.lets_next_start`),
+the lane's next operation starts at once and queues its work behind it, so
+the device goes from one NCCL call to the next without waiting for the host
+to see the first end. At most two operations of a lane are started: the
+backend may reuse an operation's host-side resources for the one after next
+(nccl_ops.py's kernel tables).
 """
 
 import collections
@@ -27,7 +33,7 @@ class Operation:
     """One response being run: its entries, names and backend generator."""
 
     __slots__ = ("response", "entries", "names", "lane", "started", "steps", "_gen",
-                 "_waiting", "results", "error", "traced", "completed_early")
+                 "_waiting", "results", "error", "traced", "completed_early", "finished")
 
     def __init__(self, response, entries, names, lane, gen, traced=False):
         self.response = response
@@ -42,6 +48,7 @@ class Operation:
         self.error = None
         self.traced = traced
         self.completed_early = False  # its handles completed once it was queued
+        self.finished = False
 
     @property
     def queued_results(self):
@@ -49,9 +56,22 @@ class Operation:
         completion is awaited (None before, and for host operations)."""
         return getattr(self._waiting, "results", None) if self.started is not None else None
 
+    @property
+    def lets_next_start(self):
+        """All its work is queued on a device stream, and the backend lets the
+        lane's next operation queue its own behind it."""
+        return (self.started is not None and not self.finished
+                and getattr(self._waiting, "lets_next_start", False))
+
     def advance(self):
         """Runs the operation as far as it can go without waiting; True once
         it has finished (with `results` or `error`)."""
+        if self.finished:
+            return True
+        self.finished = self._advance()
+        return self.finished
+
+    def _advance(self):
         try:
             if self.started is None:
                 self.started = time.monotonic()
@@ -101,7 +121,7 @@ class Executor:
         if lane is None:
             lane = self._lanes[op.lane] = collections.deque()
         lane.append(op)
-        if len(lane) == 1:
+        if len(lane) == 1 or (len(lane) == 2 and lane[0].lets_next_start):
             return self._drive(op.lane, lane)
         return []
 
@@ -116,22 +136,30 @@ class Executor:
                 return done
 
     def _drive(self, key, lane):
+        """Advances the lane's head, and the operation behind it where the head
+        lets it start; returns the operations finished, in lane order (the
+        one behind is handed out after the head even if it ended first)."""
         done = []
         while lane:
-            op = lane[0]
-            before = op.steps
-            finished = op.advance()
-            self.steps += op.steps - before
-            if not finished:
-                if (self._early and not op.completed_early
-                        and op.queued_results is not None):
-                    op.completed_early = True
-                    self._queued.append(op)
+            head = lane[0]
+            if not self._advance(head):
+                if len(lane) > 1 and head.lets_next_start:
+                    self._advance(lane[1])
                 break
             done.append(lane.popleft())
         if not lane:
             del self._lanes[key]
         return done
+
+    def _advance(self, op):
+        before = op.steps
+        finished = op.advance()
+        self.steps += op.steps - before
+        if (not finished and self._early and not op.completed_early
+                and op.queued_results is not None):
+            op.completed_early = True
+            self._queued.append(op)
+        return finished
 
     def take_queued(self):
         """Operations (with `early`) whose work has all been queued on a

@@ -345,11 +345,13 @@ class DeviceWait:
     keep: host objects the queued work still reads (released once it is
     done); check: called while waiting, raises if the work can never finish
     (an NCCL communicator's asynchronous error); results: the operation's
-    results, given where this waits for its last work."""
+    results, given where this waits for its last work; lets_next_start: the
+    lane's next operation may queue its work behind this (executor.py)."""
 
-    __slots__ = ("device", "events", "keep", "check", "fired", "results")
+    __slots__ = ("device", "events", "keep", "check", "fired", "results", "lets_next_start")
 
-    def __init__(self, device, events, keep=None, check=None, results=None):
+    def __init__(self, device, events, keep=None, check=None, results=None,
+                 lets_next_start=False):
         self.device = device
         self.events = events
         self.keep = keep
@@ -358,6 +360,7 @@ class DeviceWait:
         # An operation's results, when this waits for the last of its work:
         # valid in stream order from now on (HOROVOD_ENABLE_ASYNC_COMPLETION).
         self.results = results
+        self.lets_next_start = lets_next_start
 
     def ready(self):
         if self.fired:

@@ -192,6 +192,11 @@ class TensorQueue:
         self._inflight = {}  # name -> Entry, from push until completion
         self.wakeup = Signal()
         self._closed = None  # exception raised by push once closed
+        # Entries pushed so far; how many of them the last drain took; how
+        # many had been pushed at the last flush().
+        self.pushed = 0
+        self.drained = 0
+        self.flushed = 0
 
     def push(self, entry):
         self.push_all((entry,))
@@ -214,8 +219,17 @@ class TensorQueue:
                 entry.submit_time = now
                 self._inflight[entry.key] = entry
                 self._queue.append(entry)
+            self.pushed += len(entries)
         if not _quiet.on:
             self.wakeup.set()
+
+    def flush(self):
+        """Says that no more entries are coming soon: the background thread
+        should not hold the ones pushed so far back for a fuller fusion
+        (Background._holding_for_device)."""
+        with self._lock:
+            self.flushed = self.pushed
+        self.wakeup.set()
 
     def tell(self, entry):
         """Queues a refusal (`entry.rejected`) for the coordinator; nothing
@@ -234,6 +248,7 @@ class TensorQueue:
         with self._lock:
             items = list(self._queue)
             self._queue.clear()
+            self.drained = self.pushed
         return items
 
     def get(self, key):

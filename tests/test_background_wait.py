@@ -9,7 +9,7 @@ import types
 from coordinator import background
 from coordinator.background import Background, waited_spin_budget
 from coordinator.handles import HandleTable
-from coordinator.tensor_queue import Entry
+from coordinator.tensor_queue import Entry, TensorQueue
 
 
 def _wait_until(predicate, seconds=10.0):
@@ -147,7 +147,8 @@ def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():
 
     def loop(fast, busy):
         return types.SimpleNamespace(fast=dict(enumerate(fast)), flags=0,
-                                     executor=Executor(busy), _held_since=None)
+                                     executor=Executor(busy), _held_since=None,
+                                     queue=TensorQueue(), _posted_through=0)
 
     hold = bg.Background._holding_for_device
     state = loop([entry(0), entry(0)], busy=[(0, 0)])
@@ -160,3 +161,38 @@ def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():
     rounds = loop([entry(0)], busy=[(0, 0)])
     rounds.flags = bg.FLAG_CLASSIC  # a round was asked for: never held
     assert not hold(rounds, 1.0)
+
+
+def test_a_flush_stops_the_hold_until_the_flushed_tensors_are_posted():
+    """Once a frontend says no more tensors are coming (TensorQueue.flush),
+    the ones pushed before it are not held for the busy lane: the next cycle
+    goes at once. Tensors pushed after the cycle that carried them are held
+    again."""
+    from coordinator import background as bg
+
+    class Executor:
+        def busy(self, lane):
+            return True
+
+    queue = TensorQueue()
+    state = types.SimpleNamespace(fast={}, flags=0, executor=Executor(), _held_since=None,
+                                  queue=queue, _posted_through=0)
+    hold = bg.Background._holding_for_device
+
+    def push(name):
+        e = Entry(name, 1, device=0)
+        queue.push(e)
+        state.fast[name] = e
+
+    push("a")
+    queue.drain()
+    assert hold(state, 1.0)
+    push("b")
+    queue.flush()
+    assert not hold(state, 1.0)  # flushed, though "b" is not drained yet
+    queue.drain()
+    state._posted_through = queue.drained  # the cycle carrying "a" and "b" posted
+    state.fast.clear()
+    push("c")  # the next step's first gradient
+    queue.drain()
+    assert hold(state, 1.0)

@@ -10,10 +10,11 @@ from coordinator.executor import Executor, Operation
 class Waitable:
     """Counts how often it is tested; ready once tested `after` times."""
 
-    def __init__(self, after=None, results=None):
+    def __init__(self, after=None, results=None, lets_next_start=False):
         self.after = after
         self.tests = 0
         self.results = results  # as gpu.DeviceWait carries them
+        self.lets_next_start = lets_next_start
 
     def ready(self):
         self.tests += 1
@@ -33,8 +34,10 @@ class Event:
         return self.after is not None and self.reads >= self.after
 
 
-def _op(lane, *waits, result="done"):
+def _op(lane, *waits, result="done", started=None):
     def gen():
+        if started is not None:
+            started.append(result)
         for w in waits:
             yield w
         return [result]
@@ -79,3 +82,37 @@ def test_with_early_completion_progress_returns_once_an_operation_is_queued():
     assert ex.progress() == []
     assert device.tests <= 1  # not polled on for the rest of the burst
     assert [op.queued_results for op in ex.take_queued()] == [["queued"]]
+
+
+def test_the_next_operation_queues_behind_one_whose_device_work_is_all_queued():
+    """A GPU operation whose work is all queued (and that lets the next start)
+    does not keep the lane's next operation from queuing its own behind it;
+    a third waits until the first has finished; they finish in lane order."""
+    started = []
+    first = Waitable(results=["a"], lets_next_start=True)
+    second = Waitable(results=["b"], lets_next_start=True)
+    ex = Executor()
+    ex.start(_op((0, 0), first, result="a", started=started))
+    ex.start(_op((0, 0), second, result="b", started=started))
+    ex.start(_op((0, 0), Waitable(after=1), result="c", started=started))
+    assert started == ["a", "b"]
+    second.after = second.tests + 1  # the second is done before the first
+    assert ex.progress() == [] and started == ["a", "b"]
+    first.after = first.tests + 1
+    done = ex.progress()
+    assert [op.results for op in done[:2]] == [["a"], ["b"]]
+    assert started == ["a", "b", "c"]
+
+
+def test_an_operation_that_does_not_let_the_next_start_keeps_it_waiting():
+    """Host (MPI) operations, and GPU ones still between their calls, run one
+    after the other in their lane."""
+    for waiting in (Waitable(), Waitable(results=["a"])):
+        started = []
+        ex = Executor()
+        ex.start(_op((0, 0), waiting, result="a", started=started))
+        ex.start(_op((0, 0), Waitable(), result="b", started=started))
+        assert ex.progress() == [] and started == ["a"]
+        waiting.after = waiting.tests + 1
+        assert [op.results for op in ex.progress()] == [["a"]]
+        assert started == ["a", "b"]

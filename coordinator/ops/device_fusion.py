@@ -118,9 +118,9 @@ def kernel_source(direction, tensor_kind, buffer_kind):
 
 class Tables:
     """One operation's segment tables, in pinned host memory and on the
-    device, per slot ("pack", "unpack"). A lane runs one operation at a
-    time and the next starts only once the previous one's work is done, so
-    reusing them is safe."""
+    device, per slot ("pack", "unpack"), rewritten by a later operation: the
+    caller makes sure that one starts only once this one's work is done
+    (nccl_ops.py keeps two sets per lane, taken in turn)."""
 
     def __init__(self, cp):
         self.cp = cp

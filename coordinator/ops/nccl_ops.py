@@ -29,7 +29,11 @@ pack kernel, prescaling included), NCCL_ALLREDUCE (or NCCL_REDUCESCATTER,
 NCCL_ALLREDUCE and NCCL_ALLGATHER for the host-aware allreduce) and
 MEMCPY_OUT_FUSION_BUFFER (the unpack kernel: scaling, averaging, narrowing);
 an unfused tensor's are PRESCALE (only with a prescale factor),
-NCCL_ALLREDUCE and POSTSCALE.
+NCCL_ALLREDUCE and POSTSCALE. Once an operation has queued all its work,
+the lane's next operation may queue its own behind it (executor.py), so
+the device goes from one NCCL call to the next without a trip through the
+host; the timeline then counts the time it queued behind the first in its
+WAIT_FOR_DATA.
 
 Dtypes: NCCL reduces int8, uint8, int32, int64, float16, bfloat16, float32
 and float64 natively. int16 has no NCCL type: it is widened to int32 in the
@@ -78,7 +82,7 @@ log = logging.getLogger("coordinator")
 class _Lane:
     """What this rank holds for one (process set, device)."""
 
-    __slots__ = ("device", "comm", "rank", "size", "stream", "tables", "buffers")
+    __slots__ = ("device", "comm", "rank", "size", "stream", "tables", "_spare", "buffers")
 
     def __init__(self, cp, device, comm, rank, size, stream):
         self.device = device
@@ -86,8 +90,15 @@ class _Lane:
         self.rank = rank
         self.size = size
         self.stream = stream
-        self.tables = Tables(cp)
+        # The kernels' tables, two sets used in turn: an operation's are
+        # rewritten two operations later, when the executor has seen it end
+        # (it starts at most two of a lane's operations at once).
+        self.tables, self._spare = Tables(cp), Tables(cp)
         self.buffers = {}  # slot -> uint8 device array
+
+    def turn(self):
+        """An operation starts queuing work: it takes the other set of tables."""
+        self.tables, self._spare = self._spare, self.tables
 
     def buffer(self, cp, slot, count, dtype):
         """`count` elements of `dtype` in fusion buffer `slot` (grown on demand;
@@ -297,6 +308,7 @@ class NCCLOps:
     def _on(self, lane, entries):
         """The lane's device and stream current, its stream waiting for the
         entries' ready events."""
+        lane.turn()
         with self.cp.cuda.Device(lane.device), lane.stream:
             for event in gpu.ready_events(entries):
                 lane.stream.wait_event(event)
@@ -308,7 +320,7 @@ class NCCLOps:
         stream order once everything is queued); returns the generator that
         waits for it."""
         done = gpu.DeviceWait(lane.device, [gpu.record(lane.stream)], keep,
-                              lane.comm.check_async_error, results)
+                              lane.comm.check_async_error, results, lets_next_start=True)
         for e in entries:
             if e is not None:
                 e.done_event = done

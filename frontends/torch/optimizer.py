@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import torch
 
+from coordinator import collectives as _core_collectives
 from coordinator.process_sets import global_process_set
 from frontends.torch.compression import Compression
 from frontends.torch.functions import broadcast_object
@@ -90,6 +91,7 @@ class _HookedOptimizer:
     def set_backward_passes_per_step(self, passes):
         """Sets how many backward passes accumulate locally before a reduction."""
         self.backward_passes_per_step = passes
+        self._complete = 0
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
 
@@ -106,6 +108,7 @@ class _HookedOptimizer:
 
     def load_state_dict(self, *args, **kwargs):
         self._handles = {}
+        self._complete = 0
         self._synchronized = False
         self._should_synchronize = True
         for p in self._allreduce_delay:
@@ -132,6 +135,7 @@ class _DistributedOptimizer(_HookedOptimizer):
         self.process_set = process_set
         self._handles = {}
         self._requires_update = set()
+        self._complete = 0  # parameters whose gradient was submitted this step
         self._synchronized = False
         self._should_synchronize = True
         if groups is not None:
@@ -235,12 +239,17 @@ class _DistributedOptimizer(_HookedOptimizer):
             group = self._p_to_group.get(p) if self._groups is not None else None
             if group is None:
                 self._handles[p] = self._allreduce_grad_async(p)
-                return
-            self._group_counts[group] += 1
-            if self._group_counts[group] == len(group):
-                self._submit_group(group)
             else:
-                self._handles[p] = (None, None)
+                self._group_counts[group] += 1
+                if self._group_counts[group] == len(group):
+                    self._submit_group(group)
+                else:
+                    self._handles[p] = (None, None)
+            self._complete += 1
+            if self._complete == len(self._requires_update):
+                # The step's last gradient: nothing else is coming to fuse
+                # with, so the core need not hold any back.
+                _core_collectives.flush()
         return hook
 
     def synchronize(self):
@@ -274,6 +283,7 @@ class _DistributedOptimizer(_HookedOptimizer):
                 self._allreduce_delay[key] = self.backward_passes_per_step
                 self._write_grad(key, output, ctx)
         self._handles.clear()
+        self._complete = 0
         self._synchronized = True
 
     def _write_grad(self, p, output, ctx):
@@ -324,6 +334,7 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
         self._setup_names(named_parameters)
         self._handles = {}
         self._requires_update = set()
+        self._complete = 0  # parameters whose gradient was submitted this step
         self._synchronized = False
         self._should_synchronize = True
         self._starting_models = {}

@@ -114,6 +114,44 @@ def case_gradients_are_submitted_during_backward(_core):
     assert_same_params(model, reference_training(sgd, 1))
 
 
+def case_the_last_gradient_of_a_step_flushes_the_queue(_core):
+    """Once every parameter's gradient of the step is submitted, the optimizer
+    tells the core that no more are coming (collectives.flush), once a step,
+    only on the pass that submits (backward_passes_per_step=2); the queue
+    then says every tensor pushed so far is flushed."""
+    from coordinator import collectives, runtime
+
+    queue = runtime.current().queue
+    model = make_net()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=2)
+    flushes = []
+    real = collectives.flush
+
+    def counting():
+        flushes.append(len(opt._handles))
+        real()
+
+    collectives.flush = counting
+    try:
+        for step in range(2):
+            opt.zero_grad()
+            for micro in range(2):
+                x, y = batch(hvd.rank(), step, micro)
+                (F.cross_entropy(model(x), y) / 2).backward()
+                if micro == 0:
+                    assert len(flushes) == step, flushes
+            assert len(flushes) == step + 1, flushes
+            assert queue.flushed == queue.pushed
+            opt.step()
+    finally:
+        collectives.flush = real
+    n = len(list(model.parameters()))
+    assert flushes == [n, n], flushes  # after the last of the n gradients
+    assert_same_params(model, reference_training(sgd, 2, micro_batches=2))
+
+
 def case_backward_passes_per_step_accumulates_locally(_core):
     model = make_net()
     opt = hvd.DistributedOptimizer(sgd(model.parameters()),

@@ -4,9 +4,10 @@ alternating in one run.
 
     coordrun -np 2 python tests/scripts/gpu_sim_step.py [--rounds 8]
 
-The model is ResNet-50's 161 gradients (coordinator.bench.resnet50_shapes).
-Device time: the forward pass FORWARD ms and the backward BACKWARD ms spread
-evenly over the layers, the optimizer OPTIMIZER ms, all on the compute
+The model is ResNet-50's 161 gradients (coordinator.bench.resnet50_shapes),
+or with `--model resnet18` ResNet-18's 62. Device time: the forward pass
+FORWARD ms and the backward BACKWARD ms spread evenly over the layers
+(TIMES, per model), the optimizer OPTIMIZER ms, all on the compute
 stream; NCCL over sockets (4.5 ms + bytes / 1.8 GB/s). Host time: launching
 a layer costs LAUNCH us with the interpreter lock released (C++), as
 autograd's does; the backward's gradient hooks run in a thread of their own
@@ -23,7 +24,9 @@ autograd's does; the backward's gradient hooks run in a thread of their own
 
 "ours-async" is ours with the handles completed once their work is queued
 (HOROVOD_ENABLE_ASYNC_COMPLETION); `--completion sync` or `async` runs only
-one of the two. Rank 0 prints each implementation's median step and the
+one of the two. With `--flush`, "ours-flush" is ours telling the core after
+the last hook that no more gradients are coming (coordinator.collectives.
+flush, as DistributedOptimizer does), "ours" without it. Rank 0 prints each implementation's median step and the
 median of the per-round ratios to ddp.
 """
 
@@ -40,7 +43,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gpu_sim  # noqa: E402
 
-FORWARD, BACKWARD, OPTIMIZER = 12e-3, 26e-3, 2e-3  # ResNet-50, batch 32, shared H100
+# Seconds of forward, backward and optimizer per step, batch 32, on the shared H100.
+TIMES = {"resnet50": (12e-3, 26e-3, 2e-3), "resnet18": (5e-3, 11e-3, 1e-3)}
 LAUNCH = 40e-6
 FIRST_BUCKET, BUCKET = 1 << 20, 25 << 20
 
@@ -57,12 +61,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--completion", choices=["sync", "async", "both"], default="both")
+    parser.add_argument("--model", choices=sorted(TIMES), default="resnet50")
+    parser.add_argument("--flush", action="store_true")
     args = parser.parse_args()
 
     from mpi4py import MPI
 
     from coordinator import gpu
-    from coordinator.bench import resnet50_shapes
+    from coordinator import bench
+    from coordinator.collectives import flush as no_more_coming
 
     world = MPI.COMM_WORLD
     cp, nccl = gpu_sim.sim_cupy(world.size, world.rank)
@@ -70,7 +77,8 @@ def main():
     import coordinator as hvd
 
     hvd.init()
-    shapes = resnet50_shapes()
+    shapes = getattr(bench, f"{args.model}_shapes")()
+    FORWARD, BACKWARD, OPTIMIZER = TIMES[args.model]
     grads = [gpu_sim.device_array(s) for s in shapes]
     layers = len(grads)
     comm_stream = cp.cuda.Stream(non_blocking=True)
@@ -98,11 +106,13 @@ def main():
         gpu_sim.compute(OPTIMIZER)
         gpu_sim.wait_device()
 
-    def step_ours():
+    def step_ours(flush=False):
         handles = {}
 
         def hook(i):
             handles[i] = hvd.allreduce_async(grads[i], name=f"grad.{i}")
+            if flush and len(handles) == layers:
+                no_more_coming()
         forward()
         backward(hook)
         for h in handles.values():
@@ -141,16 +151,19 @@ def main():
         backward(lambda i: None)
         optimizer_and_sync()
 
-    steps = {"ours": step_ours, "ddp": step_ddp, "local": step_local}
+    steps = {"ours": step_ours, "ours-async": step_ours, "ours-flush": lambda: step_ours(True),
+             "ddp": step_ddp, "local": step_local}
     names = ["ddp", "local"] + {"sync": ["ours"], "async": ["ours-async"],
                                 "both": ["ours", "ours-async"]}[args.completion]
+    if args.flush:
+        names.append("ours-flush")
 
     def timed(name):
         gpu_sim.complete_early(name == "ours-async")
         world.Barrier()
         gpu_sim.wait_device()
         start = time.perf_counter()
-        steps[name.split("-")[0]]()
+        steps[name]()
         return time.perf_counter() - start
 
     for name in names * 2:  # warm-up: names cached, lanes open
@@ -162,7 +175,7 @@ def main():
     slow = np.array([times[n] for n in names])
     world.Allreduce(MPI.IN_PLACE, slow, op=MPI.MAX)  # a step is its slowest rank's
     if world.rank == 0:
-        print(f"simulated step, {world.size} ranks, ResNet-50's 161 gradients, forward "
+        print(f"simulated step, {world.size} ranks, {args.model}'s {layers} gradients, forward "
               f"{FORWARD * 1e3:.0f} ms, backward {BACKWARD * 1e3:.0f} ms, optimizer "
               f"{OPTIMIZER * 1e3:.0f} ms, NCCL {gpu_sim.NCCL_LATENCY * 1e3} ms + bytes / "
               f"{gpu_sim.NCCL_BANDWIDTH / 1e9} GB/s, {args.rounds} rounds")
