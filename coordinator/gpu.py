@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import threading
 import types
+import weakref
 
 import numpy as np
 
@@ -282,9 +283,16 @@ class ReadyPoint:
     hook, 1.01-1.03x recorded at launch, README "GPUs").
 
     The per-thread default stream is the exception: it names another stream
-    on the background thread, so there the event is recorded at once."""
+    on the background thread, so there the event is recorded at once.
 
-    __slots__ = ("device", "stream", "_event")
+    Before a caller's stream is made to wait for an operation
+    (`DeviceWait.order_current_stream`, with asynchronous completion), every
+    ready point not recorded yet is recorded (`record_pending`): else one
+    could cover that wait, and two ranks that synchronized two lanes'
+    operations in opposite orders would each have one collective wait for
+    the other's."""
+
+    __slots__ = ("device", "stream", "_event", "__weakref__")
 
     def __init__(self, device, stream):
         self.device = device
@@ -292,17 +300,37 @@ class ReadyPoint:
         self._event = None
         if stream.ptr == _PER_THREAD_STREAM:
             self.event()
+        else:
+            with _pending_lock:
+                _pending.add(self)
 
     def event(self):
         """The event, recorded on the caller's stream on first use."""
-        if self._event is None:
-            cp = cupy()
-            with cp.cuda.Device(self.device):
-                event = cp.cuda.Event(disable_timing=True)
-                event.record(self.stream)
-            self._event = event
-            self.stream = None  # (done with it)
+        with _pending_lock:
+            if self._event is None:
+                cp = cupy()
+                with cp.cuda.Device(self.device):
+                    event = cp.cuda.Event(disable_timing=True)
+                    event.record(self.stream)
+                self._event = event
+                self.stream = None  # (done with it)
+                _pending.discard(self)
         return self._event
+
+
+# Ready points whose events are not recorded yet (weakly: one whose entries
+# never launch goes with them), and the lock that makes recording one happen
+# once, whichever thread asks first.
+_pending = weakref.WeakSet()
+_pending_lock = threading.Lock()
+
+
+def record_pending():
+    """Records the event of every ready point not recorded yet."""
+    with _pending_lock:
+        points = list(_pending)
+    for point in points:
+        point.event()
 
 
 def record_ready(entries):
@@ -379,6 +407,7 @@ class DeviceWait:
         handles only after the background thread saw its event fire."""
         if self.fired:
             return
+        record_pending()  # (ReadyPoint: none may come to cover this wait)
         stream = current_stream(self.device)
         for event in self.events:
             stream.wait_event(event)

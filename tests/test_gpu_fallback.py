@@ -166,6 +166,38 @@ def test_a_frontend_names_the_callers_stream(fake_cupy):
     assert named.waited == [pending]
 
 
+def test_before_a_callers_stream_waits_every_pending_ready_point_is_recorded(fake_cupy,
+                                                                            monkeypatch):
+    """A synchronize that makes the caller's stream wait for an operation
+    (asynchronous completion) first records the events of every ready point
+    still pending, on their own streams: none of them may come to cover the
+    wait (with two lanes synchronized in opposite orders on two ranks, that
+    would make each rank's collective wait for the other's)."""
+    made = []
+
+    class Event(gpu_fakes._Event):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(fake_cupy.cuda, "Event", Event)
+    caller, side = gpu_fakes._Stream(), gpu_fakes._Stream()
+    pending = [Entry("a", pb.ALLREDUCE, device=0), Entry("b", pb.ALLREDUCE, device=0)]
+    with gpu.caller_stream(0, caller):
+        gpu.record_ready(pending[:1])
+    with gpu.caller_stream(0, side):
+        gpu.record_ready(pending[1:])
+    assert made == []
+    running = gpu_fakes._Event()
+    running.done_at = float("inf")  # an operation in flight, its handles completed early
+    with gpu.caller_stream(0, caller):
+        gpu.DeviceWait(0, [running]).order_current_stream()
+    assert len(made) == 2 and {e.stream for e in made} == {caller, side}
+    assert caller.waited == [running]
+    # At launch the backend gets the events recorded before the wait.
+    assert set(gpu.ready_events(pending)) == set(made) and len(made) == 2
+
+
 def test_the_per_thread_default_stream_is_recorded_at_submission(fake_cupy, monkeypatch):
     """cudaStreamPerThread names another stream on the background thread: an
     event for it is recorded by the submitting thread."""
