@@ -32,8 +32,8 @@ an unfused tensor's are PRESCALE (only with a prescale factor),
 NCCL_ALLREDUCE and POSTSCALE. Once an operation has queued all its work,
 the lane's next operation may queue its own behind it (executor.py), so
 the device goes from one NCCL call to the next without a trip through the
-host; the timeline then counts the time it queued behind the first in its
-WAIT_FOR_DATA.
+host; the second's NCCL_<OP> on the timeline then includes the time it
+queued behind the first (its device phases, timed by CUDA events, do not).
 
 Dtypes: NCCL reduces int8, uint8, int32, int64, float16, bfloat16, float32
 and float64 natively. int16 has no NCCL type: it is widened to int32 in the
