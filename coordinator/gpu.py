@@ -25,6 +25,7 @@ built on a machine that has CuPy), so CPU-only installs never need it.
 
 import importlib
 import importlib.util
+import math
 import threading
 import types
 import weakref
@@ -171,10 +172,7 @@ def view(ptr, shape, dtype, device):
     and, unlike cupy.from_dlpack, no call into the framework or CUDA."""
     cp = cupy()
     dtype = np.dtype(dtype)
-    size = dtype.itemsize
-    for n in shape:
-        size *= n
-    memory = cp.cuda.UnownedMemory(ptr, size, None, device)
+    memory = cp.cuda.UnownedMemory(ptr, math.prod(shape) * dtype.itemsize, None, device)
     return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(memory, 0))
 
 

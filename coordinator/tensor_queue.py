@@ -83,9 +83,9 @@ class Entry:
         self.reported = False  # described to rank 0 in full while waiting for cycles
         self.submit_time = 0.0
         self.cache_id = 0
-        # Device tensors: the event after which the tensor may be read (recorded
-        # on the submitting thread's stream), and the backend's DeviceWait for
-        # the work that wrote the result (gpu.py).
+        # Device tensors: the point of the submitting stream after which the
+        # tensor may be read (gpu.ReadyPoint, its event recorded at launch),
+        # and the backend's DeviceWait for the work that wrote the result.
         self.ready_point = None
         self.done_event = None
         # Held until the entry completes: waiting is acquiring it. A bare lock

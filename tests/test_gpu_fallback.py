@@ -114,19 +114,25 @@ def test_a_device_output_must_match_the_tensor(fake_cupy):
     assert collectives._output(out, x, 0, "x") is out
 
 
-def test_a_submission_makes_no_event_and_marks_the_callers_stream(fake_cupy, monkeypatch):
-    """record_ready notes where the caller's stream was (one ready point per
-    device, shared by a grouped submission); the event is recorded on that
-    stream only when a backend asks for it, on whatever stream is current
-    then, and only once."""
-    made = []
+@pytest.fixture
+def made(fake_cupy, monkeypatch):
+    """Every event the fake CuPy makes, in order."""
+    events = []
 
     class Event(gpu_fakes._Event):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
-            made.append(self)
+            events.append(self)
 
     monkeypatch.setattr(fake_cupy.cuda, "Event", Event)
+    return events
+
+
+def test_a_submission_makes_no_event_and_marks_the_callers_stream(made):
+    """record_ready notes where the caller's stream was (one ready point per
+    device, shared by a grouped submission); the event is recorded on that
+    stream only when a backend asks for it, on whatever stream is current
+    then, and only once."""
     caller, launcher = gpu_fakes._Stream(), gpu_fakes._Stream()
     entries = [Entry(f"t{i}", pb.ALLREDUCE, device=0) for i in range(3)]
     entries.append(Entry("cpu", pb.ALLREDUCE, device=-1))
@@ -166,21 +172,12 @@ def test_a_frontend_names_the_callers_stream(fake_cupy):
     assert named.waited == [pending]
 
 
-def test_before_a_callers_stream_waits_every_pending_ready_point_is_recorded(fake_cupy,
-                                                                            monkeypatch):
+def test_before_a_callers_stream_waits_every_pending_ready_point_is_recorded(made):
     """A synchronize that makes the caller's stream wait for an operation
     (asynchronous completion) first records the events of every ready point
     still pending, on their own streams: none of them may come to cover the
     wait (with two lanes synchronized in opposite orders on two ranks, that
     would make each rank's collective wait for the other's)."""
-    made = []
-
-    class Event(gpu_fakes._Event):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(fake_cupy.cuda, "Event", Event)
     caller, side = gpu_fakes._Stream(), gpu_fakes._Stream()
     pending = [Entry("a", pb.ALLREDUCE, device=0), Entry("b", pb.ALLREDUCE, device=0)]
     with gpu.caller_stream(0, caller):
@@ -198,12 +195,9 @@ def test_before_a_callers_stream_waits_every_pending_ready_point_is_recorded(fak
     assert set(gpu.ready_events(pending)) == set(made) and len(made) == 2
 
 
-def test_the_per_thread_default_stream_is_recorded_at_submission(fake_cupy, monkeypatch):
+def test_the_per_thread_default_stream_is_recorded_at_submission(made):
     """cudaStreamPerThread names another stream on the background thread: an
     event for it is recorded by the submitting thread."""
-    made = []
-    monkeypatch.setattr(fake_cupy.cuda, "Event",
-                        lambda **kw: made.append(gpu_fakes._Event(**kw)) or made[-1])
     per_thread = gpu_fakes._Stream()
     per_thread.ptr = 2  # cudaStreamPerThread
     e = Entry("t", pb.ALLREDUCE, device=0)

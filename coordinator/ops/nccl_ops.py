@@ -19,10 +19,9 @@ and on one stream that order would make them wait on each other forever.
 
 Each operation makes the lane's stream wait for every tensor's ready event
 (recorded now on the stream the tensors were submitted on: gpu.ReadyPoint),
-queues its kernels
-and NCCL calls, records a completion event and yields until the event has
-fired (executor.py polls it; the background thread never blocks on the
-device). The timeline shows WAIT_FOR_DATA (until the ready events fired)
+queues its kernels and NCCL calls, records a completion event and yields
+until the event has fired (executor.py polls it; the background thread
+never blocks on the device). The timeline shows WAIT_FOR_DATA (until the ready events fired)
 and NCCL_<OP> (until the completion event fired); inside an allreduce's,
 the device's own phases, timed by CUDA events: MEMCPY_IN_FUSION_BUFFER (the
 pack kernel, prescaling included), NCCL_ALLREDUCE (or NCCL_REDUCESCATTER,

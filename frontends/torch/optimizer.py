@@ -334,7 +334,6 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
         self._setup_names(named_parameters)
         self._handles = {}
         self._requires_update = set()
-        self._complete = 0  # parameters whose gradient was submitted this step
         self._synchronized = False
         self._should_synchronize = True
         self._starting_models = {}
