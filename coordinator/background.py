@@ -350,7 +350,11 @@ class Background:
         lock (7 us to take a submission, 17 us to hand back a result at np=2
         on 2 cores): a one-float allreduce took 57 us with them, 31 us
         driven. An error in a driven turn is the background thread's: it
-        raises it at its next turn, as if it had happened there."""
+        raises it at its next turn, as if it had happened there.
+
+        The thread is about to wait, so it submits nothing more until then:
+        what it pushed is not held back for a fuller fusion (a flush)."""
+        self.queue.flush(wake=False)
         if (self.finished or self._final is not None or self._shutdown_wanted
                 or self._driver_error is not None):
             self.queue.wakeup.set()
@@ -575,8 +579,10 @@ class Background:
         more are coming (TensorQueue.flush: the last gradient of a step):
         then the next operation is negotiated at once and queues its work
         behind the running one (executor.py), instead of starting only after
-        the host has seen that one end. Only when this rank posts depends on
-        it; what the cycle decides is the same on every rank."""
+        the host has seen that one end. Nor once a thread waits for a
+        result (HandleTable.wait flushes): it submits nothing more until
+        then. Only when this rank posts depends on it; what the cycle decides
+        is the same on every rank."""
         held = (bool(self.fast) and not self.flags & (FLAG_CLASSIC | FLAG_REPORT)
                 and self.queue.flushed <= self._posted_through and all(
                     e.device >= 0 and e.key[0] == 0 and self.executor.busy((0, e.device))

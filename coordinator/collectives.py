@@ -544,8 +544,9 @@ def flush():
     the last gradient of a step (DistributedOptimizer). Without it the
     background thread holds GPU tensors back while their lane is busy, to
     send them in one larger call once it is free; with it they go at once,
-    queued on the device behind the call in flight. Does nothing before
-    init."""
+    queued on the device behind the call in flight. A thread that starts
+    waiting for a result (synchronize, a blocking collective) flushes too:
+    it submits nothing more until then. Does nothing before init."""
     rt = runtime.current()
     if rt is not None:
         rt.queue.flush()

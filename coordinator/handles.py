@@ -17,7 +17,11 @@ HEALTH_CHECK_PERIOD = 0.25
 
 
 class HandleTable:
-    def __init__(self):
+    def __init__(self, on_block=None):
+        """on_block: called by a thread about to block in wait() (the
+        runtime's TensorQueue.flush: a thread that waits submits nothing
+        more until it is done waiting)."""
+        self._on_block = on_block
         self._items = {}
         self._ids = itertools.count()
         self._waiting_lock = threading.Lock()
@@ -55,6 +59,8 @@ class HandleTable:
         item = self._get(handle)
         group = item if isinstance(item, list) else [item]
         if not all(e.done for e in group):
+            if self._on_block is not None:
+                self._on_block()
             with self._waiting_lock:
                 self.waiting += 1
             try:

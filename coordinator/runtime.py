@@ -68,7 +68,7 @@ class Runtime:
         self.monitor = PeerMonitor(self.rank, peers, comm=self.transport.base)
         self.fatal_error = None
         self.queue = TensorQueue()
-        self.handles = HandleTable()
+        self.handles = HandleTable(on_block=self.queue.flush)
         limit = self.config.fusion_threshold
         if self.config.autotune:
             from coordinator.autotune import THRESHOLDS

@@ -223,13 +223,18 @@ class TensorQueue:
         if not _quiet.on:
             self.wakeup.set()
 
-    def flush(self):
+    def flush(self, wake=True):
         """Says that no more entries are coming soon: the background thread
         should not hold the ones pushed so far back for a fuller fusion
-        (Background._holding_for_device)."""
+        (Background._holding_for_device). Wakes it (unless `wake` is False)
+        only when entries were pushed since the last flush: otherwise there
+        is nothing new for it to let go."""
         with self._lock:
+            if self.flushed == self.pushed:
+                return
             self.flushed = self.pushed
-        self.wakeup.set()
+        if wake:
+            self.wakeup.set()
 
     def tell(self, entry):
         """Queues a refusal (`entry.rejected`) for the coordinator; nothing

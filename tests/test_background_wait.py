@@ -196,3 +196,66 @@ def test_a_flush_stops_the_hold_until_the_flushed_tensors_are_posted():
     push("c")  # the next step's first gradient
     queue.drain()
     assert hold(state, 1.0)
+
+
+def test_a_thread_about_to_block_in_wait_calls_on_block_once_and_only_then():
+    calls = []
+    table = HandleTable(on_block=lambda: calls.append(table.waiting))
+    done = Entry("done", 1)
+    done.finish(1)
+    table.wait(table.add(done))
+    assert calls == []  # nothing to wait for: no flush
+    pending = [Entry("a", 1), Entry("b", 1)]
+    handle = table.add(pending)
+    waiter = threading.Thread(target=table.wait, args=(handle,))
+    waiter.start()
+    _wait_until(lambda: table.waiting == 1)
+    for e in pending:
+        e.finish(0)
+    waiter.join(10)
+    assert calls == [0]  # once, before the thread counted itself as waiting
+
+
+def test_a_flush_wakes_the_background_thread_only_for_new_pushes():
+    queue = TensorQueue()
+    queue.wakeup.clear()
+    queue.flush()
+    assert queue.flushed == 0 and not queue.wakeup.wait(0)  # nothing pushed: nothing to let go
+    queue.push(Entry("a", 1, device=0))
+    queue.wakeup.clear()
+    queue.flush(wake=False)
+    assert queue.flushed == 1 and not queue.wakeup.wait(0)
+    queue.flush()
+    assert not queue.wakeup.wait(0)  # "a" was flushed already
+    queue.push(Entry("b", 1, device=0))
+    queue.wakeup.clear()
+    queue.flush()
+    assert queue.flushed == 2 and queue.wakeup.wait(0)
+
+
+def test_a_thread_that_waits_releases_the_hold_on_what_was_pushed():
+    """A thread blocked in synchronize submits nothing more until it is
+    done: the runtime's handle table flushes the queue then, so the GPU
+    tensors pushed so far are not held for the busy lane."""
+    from coordinator import background as bg
+
+    class Executor:
+        def busy(self, lane):
+            return True
+
+    queue = TensorQueue()
+    table = HandleTable(on_block=queue.flush)
+    state = types.SimpleNamespace(fast={}, flags=0, executor=Executor(), _held_since=None,
+                                  queue=queue, _posted_through=0)
+    hold = bg.Background._holding_for_device
+    e = Entry("grad", 1, device=0)
+    queue.push(e)
+    queue.drain()
+    state.fast["grad"] = e
+    assert hold(state, 1.0)
+    waiter = threading.Thread(target=table.wait, args=(table.add(e),))
+    waiter.start()
+    _wait_until(lambda: table.waiting == 1)
+    assert not hold(state, 1.0)
+    e.finish(0)
+    waiter.join(10)

@@ -677,17 +677,23 @@ def test_nccl_host_aware_allreduce_on_two_simulated_hosts_at_np4(case, setting):
     ("with_it_a_handle_completes_once_queued_and_the_stream_waits", "1", "early"),
     ("a_grouped_allreduce_and_a_broadcast_complete_early_too", "1", "early"),
     ("without_it_a_handle_waits_for_the_device", "0", "late"),
+    ("waiting_for_a_held_tensor_queues_it_behind_the_running_call", "0", "hold"),
     ("a_failure_after_early_completion_stops_the_job_naming_the_setting", "1", "failing"),
 ])
 def test_async_completion_on_device_arrays_at_np2(case, setting, job):
     """HOROVOD_ENABLE_ASYNC_COMPLETION: a GPU operation's handles complete
-    once it is queued, and synchronize orders the caller's stream after it."""
+    once it is queued, and synchronize orders the caller's stream after it.
+    Without it, a thread that waits for a tensor held back for the busy
+    lane releases it, to be queued behind the running call ("hold")."""
     cases = {"early": "with_it_a_handle_completes_once_queued_and_the_stream_waits,"
                       "a_grouped_allreduce_and_a_broadcast_complete_early_too",
              "late": "without_it_a_handle_waits_for_the_device",
+             "hold": "waiting_for_a_held_tensor_queues_it_behind_the_running_call",
              "failing": "a_failure_after_early_completion_stops_the_job_naming_the_setting"}
     env = {"HOROVOD_ENABLE_ASYNC_COMPLETION": setting, "CASES": cases[job],
            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    if job == "hold":  # their messages about the hour-long call would end the hold
+        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
     _check("tests/mpi/async_completion_cases.py", case, 2, env)
 
 

@@ -116,6 +116,57 @@ def case_without_it_a_handle_waits_for_the_device(hvd):
     _lane_idle(hvd)
 
 
+def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
+    """A GPU tensor submitted while its lane runs an operation is held for a
+    fuller fusion; a thread that then waits for it releases the hold, and
+    its operation is queued on the device behind the running one, not
+    after the host has seen that one end."""
+    import threading
+
+    from coordinator import background, runtime
+
+    nccl, me = FAKE["nccl"], hvd.rank()
+
+    def submit(name, value, count):
+        x = FakeDeviceArray.of(np.full(count, value + me, np.float32))
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name=name)
+        (entry,) = runtime.current().handles.entries(handle)
+        return handle, entry
+
+    for _ in range(2):  # a step to learn the names: only known names are held
+        for name in ("held.first", "held.second"):
+            handle, entry = submit(name, 0.0, 2)
+            _fire(_done_wait(hvd, handle))
+            hvd.synchronize(handle)
+    # Only the wait may end the hold, not its time limit (nor the stall
+    # checks' messages, which make every rank post a cycle: they are off).
+    hold_max, background.DEVICE_HOLD_MAX = background.DEVICE_HOLD_MAX, HOUR
+    try:
+        calls = len(nccl.calls)
+        first, _ = submit("held.first", 1.0, 2)
+        first_wait = _done_wait(hvd, first)  # queued: the lane is busy for an hour
+        second, entry = submit("held.second", 10.0, 2)
+        time.sleep(0.2)
+        assert len(nccl.calls) == calls + 1 and entry.done_event is None, "not held"
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(hvd.synchronize(second)))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while entry.done_event is None:
+            assert time.monotonic() < deadline, "the wait did not release the held tensor"
+            time.sleep(0.001)
+        assert len(nccl.calls) == calls + 2
+        assert not first_wait.ready(), "the first call ended: the case cannot tell"
+        _fire(first_wait)
+        _fire(entry.done_event)
+        waiter.join(30)
+        np.testing.assert_array_equal(got[0].get(), np.full(2, 21.0, np.float32))
+        np.testing.assert_array_equal(hvd.synchronize(first).get(), np.full(2, 3.0, np.float32))
+        _lane_idle(hvd)
+    finally:
+        background.DEVICE_HOLD_MAX = hold_max
+
+
 def case_a_failure_after_early_completion_stops_the_job_naming_the_setting(hvd):
     from coordinator.errors import HorovodInternalError
 
