@@ -163,21 +163,21 @@ def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():
     assert not hold(rounds, 1.0)
 
 
+def _busy_lane_state(queue):
+    """What Background._holding_for_device reads, with every GPU lane busy
+    and nothing posted yet."""
+    return types.SimpleNamespace(fast={}, flags=0, executor=types.SimpleNamespace(
+        busy=lambda lane: True), _held_since=None, queue=queue, _posted_through=0)
+
+
 def test_a_flush_stops_the_hold_until_the_flushed_tensors_are_posted():
     """Once a frontend says no more tensors are coming (TensorQueue.flush),
     the ones pushed before it are not held for the busy lane: the next cycle
     goes at once. Tensors pushed after the cycle that carried them are held
     again."""
-    from coordinator import background as bg
-
-    class Executor:
-        def busy(self, lane):
-            return True
-
     queue = TensorQueue()
-    state = types.SimpleNamespace(fast={}, flags=0, executor=Executor(), _held_since=None,
-                                  queue=queue, _posted_through=0)
-    hold = bg.Background._holding_for_device
+    state = _busy_lane_state(queue)
+    hold = Background._holding_for_device
 
     def push(name):
         e = Entry(name, 1, device=0)
@@ -237,17 +237,10 @@ def test_a_thread_that_waits_releases_the_hold_on_what_was_pushed():
     """A thread blocked in synchronize submits nothing more until it is
     done: the runtime's handle table flushes the queue then, so the GPU
     tensors pushed so far are not held for the busy lane."""
-    from coordinator import background as bg
-
-    class Executor:
-        def busy(self, lane):
-            return True
-
     queue = TensorQueue()
     table = HandleTable(on_block=queue.flush)
-    state = types.SimpleNamespace(fast={}, flags=0, executor=Executor(), _held_since=None,
-                                  queue=queue, _posted_through=0)
-    hold = bg.Background._holding_for_device
+    state = _busy_lane_state(queue)
+    hold = Background._holding_for_device
     e = Entry("grad", 1, device=0)
     queue.push(e)
     queue.drain()

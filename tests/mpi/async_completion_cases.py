@@ -135,7 +135,7 @@ def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
 
     for _ in range(2):  # a step to learn the names: only known names are held
         for name in ("held.first", "held.second"):
-            handle, entry = submit(name, 0.0, 2)
+            handle, _ = submit(name, 0.0, 2)
             _fire(_done_wait(hvd, handle))
             hvd.synchronize(handle)
     # Only the wait may end the hold, not its time limit (nor the stall
