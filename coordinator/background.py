@@ -92,9 +92,11 @@ CYCLE_AWAIT = 20e-6
 # While rank 0 holds in a round a cached tensor that other ranks may hold in
 # the cycle, it asks for a report at most this often (see _post).
 CYCLE_REPORT_GAP = 5e-3
-# The longest a rank holds its next cycle back while its GPU lane is busy
+# The longest a rank holds its next cycle back while its GPU lane is busy,
+# and how long before the lane's work should end it stops holding
 # (see _holding_for_device).
 DEVICE_HOLD_MAX = 1.0
+DEVICE_HOLD_LEAD = 2e-3
 
 
 # How riders (tensors carried in the cycle) show on a timeline.
@@ -178,7 +180,6 @@ class Background:
         self.fast = {}  # slot -> entry waiting for a cycle
         self._riding = {}  # slot -> entry whose data the cycle in flight carries
         self._held_since = None  # when this rank began holding a cycle for its GPU lane
-        self._posted_through = 0  # entries pushed and drained before the last cycle posted
         self.classic = []  # global-set entries to describe in the next round
         self.stream = []  # other sets' entries to describe to rank 0 now
         self.sent = {}  # key -> entry described in a round, not answered yet
@@ -575,7 +576,12 @@ class Background:
         running an operation. Its next operation could not start before that
         one ends anyway, and gradients that arrive meanwhile join it: one
         larger NCCL call instead of several small ones, each of which pays
-        NCCL's latency (4.5 ms over sockets). Not once a frontend said no
+        NCCL's latency (4.5 ms over sockets). Not for the last
+        DEVICE_HOLD_LEAD seconds the lane should be busy (Executor.busy_for,
+        from how long its past operations took on the device): negotiating
+        and queueing the next operation takes the host about that long, so
+        it then starts on the device as the running one ends, instead of
+        that long after. Not once a frontend said no
         more are coming (TensorQueue.flush: the last gradient of a step):
         then the next operation is negotiated at once and queues its work
         behind the running one (executor.py), instead of starting only after
@@ -583,10 +589,16 @@ class Background:
         result (HandleTable.wait flushes): it submits nothing more until
         then. Only when this rank posts depends on it; what the cycle decides
         is the same on every rank."""
-        held = (bool(self.fast) and not self.flags & (FLAG_CLASSIC | FLAG_REPORT)
-                and self.queue.flushed <= self._posted_through and all(
-                    e.device >= 0 and e.key[0] == 0 and self.executor.busy((0, e.device))
-                    for e in self.fast.values()))
+        held = bool(self.fast) and not self.flags & (FLAG_CLASSIC | FLAG_REPORT)
+        if held:
+            flushed, devices = self.queue.flushed, set()
+            for e in self.fast.values():
+                if e.seq < flushed or e.device < 0 or e.key[0] != 0:
+                    held = False
+                    break
+                devices.add(e.device)
+            held = held and all(self.executor.busy_for((0, device), now) > DEVICE_HOLD_LEAD
+                                for device in devices)
         if not held:
             self._held_since = None
             return False
@@ -616,7 +628,6 @@ class Background:
             self._next_cycle_report = now + CYCLE_REPORT_GAP
         self._fresh = False
         self._woken = False
-        self._posted_through = self.queue.drained
         self._gap_until = now + self._cycle_gap
         self._load_riders()
         self.cycle.post(flags, now, self.slots.digest)

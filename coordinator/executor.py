@@ -22,6 +22,7 @@ backend may reuse an operation's host-side resources for the one after next
 """
 
 import collections
+import math
 import time
 
 
@@ -170,6 +171,24 @@ class Executor:
     def busy(self, lane):
         """Whether `lane` has an operation in flight."""
         return lane in self._lanes
+
+    def busy_for(self, lane, now):
+        """Seconds (from `now`, time.monotonic()) until the operations of
+        `lane` should be done on their device: 0 with none in flight; inf
+        where that cannot be told (one not on a device, not yet started,
+        waiting for its inputs with nothing before it, or of a kind whose
+        duration nothing has taught yet: DeviceWait.expected_end)."""
+        ops = self._lanes.get(lane)
+        if not ops:
+            return 0.0
+        end = None
+        for op in ops:
+            waiting = op._waiting if op.started is not None else None
+            expected = getattr(waiting, "expected_end", None)
+            end = expected(now, end) if expected is not None else None
+            if end is None:
+                return math.inf
+        return max(0.0, end - now)
 
     def in_flight(self):
         """Every operation not yet finished (the head of each lane first)."""

@@ -23,10 +23,12 @@ Nothing here imports CuPy until a device array arrives (or a backend is
 built on a machine that has CuPy), so CPU-only installs never need it.
 """
 
+import collections
 import importlib
 import importlib.util
 import math
 import threading
+import time
 import types
 import weakref
 
@@ -345,11 +347,59 @@ def record_ready(entries):
         e.ready_point = point
 
 
-def record(stream):
-    """A new event recorded on `stream` (the current device must be its device)."""
-    event = cupy().cuda.Event(disable_timing=True)
+def record(stream, timed=False):
+    """A new event recorded on `stream` (the current device must be its device);
+    `timed`: one that `cupy.cuda.get_elapsed_time` can measure from."""
+    event = cupy().cuda.Event(disable_timing=not timed)
     event.record(stream)
     return event
+
+
+class CallTimes:
+    """How long a lane's operations run on its device, learned from those
+    that ran: seconds = alpha + bytes / beta, fitted by least squares to the
+    last WINDOW (alpha and beta kept non-negative; with one size only, its
+    mean). The background thread uses it to tell when a lane will be free
+    (Executor.busy_for)."""
+
+    WINDOW = 64
+
+    __slots__ = ("_seen", "_fit")
+
+    def __init__(self):
+        self._seen = collections.deque(maxlen=self.WINDOW)
+        self._fit = None
+
+    def observe(self, nbytes, seconds):
+        self._seen.append((float(nbytes), float(seconds)))
+        self._fit = None
+
+    def predict(self, nbytes):
+        """Seconds an operation of `nbytes` is expected to take, or None
+        before any has been seen."""
+        if not self._seen:
+            return None
+        if self._fit is None:
+            self._fit = _fit_line(self._seen)
+        alpha, per_byte = self._fit
+        return alpha + per_byte * nbytes
+
+
+def _fit_line(points):
+    """(a, b) >= 0 of y = a + b x fitted to (x, y) `points` by least squares."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx <= (1e-6 * mx) ** 2 * n:  # (one size: nothing to tell a from b)
+        return my, 0.0
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    if b < 0:
+        return my, 0.0
+    a = my - b * mx
+    if a < 0:  # through the origin instead
+        return 0.0, sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    return a, b
 
 
 def ready_events(entries):
@@ -372,12 +422,17 @@ class DeviceWait:
     done); check: called while waiting, raises if the work can never finish
     (an NCCL communicator's asynchronous error); results: the operation's
     results, given where this waits for its last work; lets_next_start: the
-    lane's next operation may queue its work behind this (executor.py)."""
+    lane's next operation may queue its work behind this (executor.py);
+    timing: (start, nbytes, times) where the work of `nbytes` began on the
+    device at timed event `start`: once done, it teaches the CallTimes
+    `times` how long it took, and meanwhile `expected_end()` says when it
+    should be done."""
 
-    __slots__ = ("device", "events", "keep", "check", "fired", "results", "lets_next_start")
+    __slots__ = ("device", "events", "keep", "check", "fired", "results", "lets_next_start",
+                 "timing", "started_at")
 
     def __init__(self, device, events, keep=None, check=None, results=None,
-                 lets_next_start=False):
+                 lets_next_start=False, timing=None):
         self.device = device
         self.events = events
         self.keep = keep
@@ -387,6 +442,8 @@ class DeviceWait:
         # valid in stream order from now on (HOROVOD_ENABLE_ASYNC_COMPLETION).
         self.results = results
         self.lets_next_start = lets_next_start
+        self.timing = timing
+        self.started_at = None  # (time.monotonic()) when the host saw `start` fire
 
     def ready(self):
         if self.fired:
@@ -395,10 +452,37 @@ class DeviceWait:
             if not event.done:
                 if self.check is not None:
                     self.check()
+                if self.timing is not None and self.started_at is None:
+                    self._note_start(time.monotonic())
                 return False
         self.fired = True
         self.keep = None
+        if self.timing is not None:
+            start, nbytes, times = self.timing
+            times.observe(nbytes, cupy().cuda.get_elapsed_time(start, self.events[-1]) * 1e-3)
         return True
+
+    def _note_start(self, now):
+        if self.timing[0].done:
+            self.started_at = now
+
+    def expected_end(self, now, after=None):
+        """When (time.monotonic()) this work should be done: `now` once it is;
+        else from when it began on the device, or where it has not yet, from
+        `after` (when the work queued before it on its stream should end);
+        None where that cannot be told (no timing, nothing learned yet, or
+        not begun with nothing before it)."""
+        if self.fired:
+            return now
+        if self.timing is None:
+            return None
+        duration = self.timing[2].predict(self.timing[1])
+        if duration is None:
+            return None
+        if self.started_at is None:
+            self._note_start(now)
+        start = self.started_at if self.started_at is not None else after
+        return None if start is None else start + duration
 
     def order_current_stream(self):
         """Nothing to do once the work has finished: an operation completes its

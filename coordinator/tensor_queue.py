@@ -52,7 +52,7 @@ class Entry:
                  "root_rank", "prescale", "postscale", "process_set_id", "device", "splits",
                  "group", "group_size", "ranks", "submit_time", "cache_id", "_pending",
                  "result", "error", "callback", "done", "key", "rejected", "since",
-                 "reported", "ready_point", "done_event")
+                 "reported", "ready_point", "done_event", "seq")
 
     def __init__(self, name, op, tensor=None, output=None, dtype_info=None, shape=(),
                  reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
@@ -82,6 +82,7 @@ class Entry:
         self.since = 0.0  # when it started waiting for a negotiation cycle
         self.reported = False  # described to rank 0 in full while waiting for cycles
         self.submit_time = 0.0
+        self.seq = -1  # its place in the order of pushes (TensorQueue.pushed before it)
         self.cache_id = 0
         # Device tensors: the point of the submitting stream after which the
         # tensor may be read (gpu.ReadyPoint, its event recorded at launch),
@@ -192,10 +193,8 @@ class TensorQueue:
         self._inflight = {}  # name -> Entry, from push until completion
         self.wakeup = Signal()
         self._closed = None  # exception raised by push once closed
-        # Entries pushed so far; how many of them the last drain took; how
-        # many had been pushed at the last flush().
+        # Entries pushed so far; how many had been pushed at the last flush().
         self.pushed = 0
-        self.drained = 0
         self.flushed = 0
 
     def push(self, entry):
@@ -217,16 +216,17 @@ class TensorQueue:
             now = time.time()
             for entry in entries:
                 entry.submit_time = now
+                entry.seq = self.pushed
+                self.pushed += 1
                 self._inflight[entry.key] = entry
                 self._queue.append(entry)
-            self.pushed += len(entries)
         if not _quiet.on:
             self.wakeup.set()
 
     def flush(self, wake=True):
         """Says that no more entries are coming soon: the background thread
-        should not hold the ones pushed so far back for a fuller fusion
-        (Background._holding_for_device). Wakes it (unless `wake` is False)
+        should not hold the ones pushed so far (`seq` below `flushed`) back
+        for a fuller fusion (Background._holding_for_device). Wakes it (unless `wake` is False)
         only when entries were pushed since the last flush: otherwise there
         is nothing new for it to let go."""
         with self._lock:
@@ -253,7 +253,6 @@ class TensorQueue:
         with self._lock:
             items = list(self._queue)
             self._queue.clear()
-            self.drained = self.pushed
         return items
 
     def get(self, key):

@@ -204,7 +204,7 @@ def fake_cupy(nccl=None, kernels=None):
     cuda = types.SimpleNamespace(
         Device=_DeviceContext, Stream=_Stream, Event=_Event, runtime=runtime,
         get_current_stream=lambda device_id=-1: _Stream.current_stream(),
-        get_elapsed_time=lambda start, end: (end.time - start.time) * 1e3,
+        get_elapsed_time=lambda start, end: (end.done_at - start.done_at) * 1e3,
         alloc_pinned_memory=bytearray)
     if nccl is not None:
         cuda.nccl = nccl

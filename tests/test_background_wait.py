@@ -2,6 +2,7 @@
 polling instead of sleeping (coordinator/background.py): the handle table
 counts the blocked threads, and the loop's timeout follows that count."""
 
+import math
 import threading
 import time
 import types
@@ -131,50 +132,64 @@ def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():
     a GPU tensor of the global set whose lane still runs an operation (they
     join one larger NCCL call), never for host tensors, other sets or an
     idle lane, and not longer than DEVICE_HOLD_MAX."""
-    import types
-
     from coordinator import background as bg
 
-    class Executor:
-        def __init__(self, busy):
-            self.lanes = set(busy)
-
-        def busy(self, lane):
-            return lane in self.lanes
-
-    def entry(device, pset=0):
-        return types.SimpleNamespace(device=device, key=(pset, "t"))
-
-    def loop(fast, busy):
-        return types.SimpleNamespace(fast=dict(enumerate(fast)), flags=0,
-                                     executor=Executor(busy), _held_since=None,
-                                     queue=TensorQueue(), _posted_through=0)
-
     hold = bg.Background._holding_for_device
-    state = loop([entry(0), entry(0)], busy=[(0, 0)])
+    state = _loop([_entry(0), _entry(0)], busy={(0, 0): math.inf})
     assert hold(state, 10.0) and hold(state, 10.5)
     assert not hold(state, 10.0 + bg.DEVICE_HOLD_MAX)  # bounded
-    assert not hold(loop([entry(0), entry(-1)], busy=[(0, 0)]), 1.0)  # a host tensor waits
-    assert not hold(loop([entry(0)], busy=[]), 1.0)  # the lane is free
-    assert not hold(loop([entry(0, pset=1)], busy=[(1, 0)]), 1.0)  # another set
-    assert not hold(loop([], busy=[(0, 0)]), 1.0)  # nothing waits
-    rounds = loop([entry(0)], busy=[(0, 0)])
+    assert not hold(_loop([_entry(0), _entry(-1)], busy={(0, 0): math.inf}), 1.0)  # host tensor
+    assert not hold(_loop([_entry(0)], busy={}), 1.0)  # the lane is free
+    assert not hold(_loop([_entry(0, pset=1)], busy={(1, 0): math.inf}), 1.0)  # another set
+    assert not hold(_loop([], busy={(0, 0): math.inf}), 1.0)  # nothing waits
+    rounds = _loop([_entry(0)], busy={(0, 0): math.inf})
     rounds.flags = bg.FLAG_CLASSIC  # a round was asked for: never held
     assert not hold(rounds, 1.0)
 
 
+def test_the_hold_ends_as_the_lane_should_soon_be_free():
+    """Not for the last DEVICE_HOLD_LEAD seconds its lane should stay busy
+    (Executor.busy_for): the next operation is negotiated and queued while
+    the running one ends, instead of after the host has seen it end."""
+    from coordinator import background as bg
+
+    hold = bg.Background._holding_for_device
+    lead = bg.DEVICE_HOLD_LEAD
+    assert lead > 0
+    assert hold(_loop([_entry(0)], busy={(0, 0): lead * 1.5}), 1.0)
+    assert not hold(_loop([_entry(0)], busy={(0, 0): lead * 0.5}), 1.0)
+    # Two devices: held only while both lanes stay busy long enough.
+    assert hold(_loop([_entry(0), _entry(1)], busy={(0, 0): lead * 2, (0, 1): lead * 3}), 1.0)
+    assert not hold(_loop([_entry(0), _entry(1)], busy={(0, 0): lead * 2, (0, 1): lead / 2}),
+                    1.0)
+
+
+def _entry(device, pset=0, seq=0):
+    return types.SimpleNamespace(device=device, key=(pset, "t"), seq=seq)
+
+
+def _loop(fast, busy, queue=None):
+    """What Background._holding_for_device reads: the tensors waiting for a
+    cycle, and how long each lane (process set, device) should stay busy
+    (Executor.busy_for; a lane not in `busy` is idle)."""
+    executor = types.SimpleNamespace(busy_for=lambda lane, now: busy.get(lane, 0.0))
+    return types.SimpleNamespace(fast=dict(enumerate(fast)), flags=0, executor=executor,
+                                 _held_since=None, queue=queue or TensorQueue())
+
+
 def _busy_lane_state(queue):
-    """What Background._holding_for_device reads, with every GPU lane busy
-    and nothing posted yet."""
-    return types.SimpleNamespace(fast={}, flags=0, executor=types.SimpleNamespace(
-        busy=lambda lane: True), _held_since=None, queue=queue, _posted_through=0)
+    """Every GPU lane busy for as long as one can tell."""
+    state = _loop([], busy={}, queue=queue)
+    state.executor.busy_for = lambda lane, now: math.inf
+    return state
 
 
-def test_a_flush_stops_the_hold_until_the_flushed_tensors_are_posted():
+def test_a_flush_stops_the_hold_on_the_tensors_pushed_before_it():
     """Once a frontend says no more tensors are coming (TensorQueue.flush),
-    the ones pushed before it are not held for the busy lane: the next cycle
-    goes at once. Tensors pushed after the cycle that carried them are held
-    again."""
+    the ones pushed before it are not held for the busy lane, until they
+    are done: also after a cycle that carried only some of them (another
+    rank had not submitted the others yet). Tensors pushed after the flush
+    are held again once no earlier one waits."""
     queue = TensorQueue()
     state = _busy_lane_state(queue)
     hold = Background._holding_for_device
@@ -191,10 +206,11 @@ def test_a_flush_stops_the_hold_until_the_flushed_tensors_are_posted():
     queue.flush()
     assert not hold(state, 1.0)  # flushed, though "b" is not drained yet
     queue.drain()
-    state._posted_through = queue.drained  # the cycle carrying "a" and "b" posted
-    state.fast.clear()
+    del state.fast["a"]  # a cycle carried "a"; "b" still waits for another rank
     push("c")  # the next step's first gradient
     queue.drain()
+    assert not hold(state, 1.0)  # "b" still goes at once, "c" with it
+    del state.fast["b"]
     assert hold(state, 1.0)
 
 

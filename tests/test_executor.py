@@ -3,6 +3,12 @@ each progress call tests the operations in flight again and again for up to
 Executor.BURST, whether they wait for MPI or for a device, and returns as
 soon as one has finished or (with early completion) has all its work queued."""
 
+import math
+import time
+import types
+
+import pytest
+
 from coordinator import gpu
 from coordinator.executor import Executor, Operation
 
@@ -116,3 +122,101 @@ def test_an_operation_that_does_not_let_the_next_start_keeps_it_waiting():
         waiting.after = waiting.tests + 1
         assert [op.results for op in ex.progress()] == [["a"]]
         assert started == ["a", "b"]
+
+
+class _Timed:
+    """A CUDA event's stand-in for timing: `at` is when it fired on the
+    device's clock (None: not yet)."""
+
+    def __init__(self, at=None):
+        self.at = at
+
+    @property
+    def done(self):
+        return self.at is not None
+
+
+@pytest.fixture
+def device_clock(monkeypatch):
+    """cupy.cuda.get_elapsed_time over _Timed events (milliseconds)."""
+    cuda = types.SimpleNamespace(get_elapsed_time=lambda a, b: (b.at - a.at) * 1e3)
+    monkeypatch.setitem(gpu._modules, "cupy", types.SimpleNamespace(cuda=cuda))
+
+
+def _timed_wait(times, nbytes, start=None, end=None):
+    return gpu.DeviceWait(0, [end or _Timed()], timing=(start or _Timed(), nbytes, times),
+                          lets_next_start=True)
+
+
+def test_call_times_fit_latency_and_bandwidth_to_what_ran():
+    times = gpu.CallTimes()
+    assert times.predict(100) is None  # nothing learned yet
+    for nbytes in (1e3, 1e6, 1e7, 6e7):
+        times.observe(nbytes, 4.5e-3 + nbytes / 1.8e9)
+    assert times.predict(5e6) == pytest.approx(4.5e-3 + 5e6 / 1.8e9)
+    one_size = gpu.CallTimes()
+    one_size.observe(64, 1.0)
+    one_size.observe(64, 3.0)
+    assert one_size.predict(64) == one_size.predict(1 << 30) == 2.0  # their mean
+    shrinking = gpu.CallTimes()  # larger ran shorter: no bandwidth to tell, the mean
+    shrinking.observe(10, 2.0)
+    shrinking.observe(1000, 1.0)
+    assert shrinking.predict(10) == shrinking.predict(1000) == 1.5
+    no_latency = gpu.CallTimes()  # a fitted negative latency: through the origin
+    no_latency.observe(100, 0.1)
+    no_latency.observe(200, 0.3)
+    assert no_latency.predict(0) == 0.0 and no_latency.predict(100) > 0
+    window = gpu.CallTimes()
+    for _ in range(gpu.CallTimes.WINDOW):
+        window.observe(64, 100.0)
+    for _ in range(gpu.CallTimes.WINDOW):
+        window.observe(64, 1.0)
+    assert window.predict(64) == 1.0  # only the last WINDOW count
+
+
+def test_a_device_wait_teaches_how_long_its_work_ran_once_done(device_clock):
+    times = gpu.CallTimes()
+    start, end = _Timed(at=5.0), _Timed()
+    wait = _timed_wait(times, 1000, start, end)
+    assert not wait.ready() and times.predict(1000) is None
+    end.at = 7.5
+    assert wait.ready() and times.predict(1000) == 2.5
+    assert wait.ready() and times.predict(1000) == 2.5  # learned once
+
+
+def test_a_device_wait_expects_its_end_from_when_its_work_began(device_clock):
+    times = gpu.CallTimes()
+    times.observe(1000, 2.0)
+    assert gpu.DeviceWait(0, [_Timed()]).expected_end(10.0) is None  # no timing
+    assert _timed_wait(gpu.CallTimes(), 1000).expected_end(10.0) is None  # nothing learned
+    start = _Timed()
+    wait = _timed_wait(times, 1000, start)
+    assert wait.expected_end(10.0) is None  # not begun, nothing before it
+    assert wait.expected_end(10.0, after=11.0) == 13.0  # begins when the work before ends
+    start.at = 0.0
+    assert wait.expected_end(12.0, after=11.0) == 14.0  # seen begun at 12.0
+    assert wait.expected_end(13.0) == 14.0  # (from then on)
+    done = _timed_wait(times, 1000, _Timed(at=0.0), _Timed(at=1.0))
+    assert done.ready() and done.expected_end(20.0) == 20.0
+
+
+def test_busy_for_says_how_long_a_lane_should_stay_busy(device_clock):
+    """Executor.busy_for: 0 for an idle lane; from what each operation's
+    DeviceWait expects, the lane's queue in turn; inf where any cannot tell."""
+    times = gpu.CallTimes()
+    times.observe(1000, 2.0)
+    ex = Executor()
+    assert ex.busy_for((0, 0), 1.0) == 0.0
+    ex.start(_op((0, 1), Waitable()))  # a host operation: no telling
+    assert ex.busy_for((0, 1), 1.0) == math.inf
+    first_start = _Timed()
+    ex.start(_op((0, 0), _timed_wait(times, 1000, first_start)))
+    assert ex.busy_for((0, 0), 1.0) == math.inf  # waits for its inputs: not begun
+    ex.start(_op((0, 0), _timed_wait(times, 1000)))  # queued behind it
+    first_start.at = 0.0
+    now = time.monotonic() + 100.0
+    assert ex.busy_for((0, 0), now) == 4.0  # the first seen begun now, then the second
+    assert ex.busy_for((0, 0), now + 1.5) == 2.5
+    assert ex.busy_for((0, 0), now + 10.0) == 0.0  # overdue: expected no longer busy
+    ex.start(_op((0, 0), Waitable()))  # a third, not started
+    assert ex.busy_for((0, 0), now) == math.inf

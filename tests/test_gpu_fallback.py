@@ -391,6 +391,35 @@ def test_an_nccl_operation_waits_on_its_device_until_its_time_has_passed(host_ke
         np.testing.assert_array_equal(out.get(), np.full(4, 2.0, np.float32))
 
 
+def test_an_nccl_allreduce_teaches_its_lane_how_long_it_ran_on_the_device(host_kernels,
+                                                                         monkeypatch):
+    """Its DeviceWait carries an event recorded once its inputs are ready and
+    its bytes: once done, the lane's CallTimes knows how long such a call
+    runs, and the next one's end can be expected (Executor.busy_for)."""
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch, latency=30.0, bandwidth=1e9)
+    waits = []
+    for count in (4, 1000):
+        entries = [_entry(pb.ALLREDUCE, np.ones(count, np.float32)) for _ in range(2)]
+        gen = ops.allreduce(_response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM), entries,
+                            ["a", "b"])
+        waiting = next(gen)
+        while getattr(waiting, "timing", None) is None:  # the lane opens over "MPI" first
+            assert waiting.ready()
+            waiting = gen.send(None)
+        start, nbytes, times = waiting.timing
+        assert nbytes == 2 * count * 4 and start.done  # its inputs were ready
+        assert not waiting.ready()  # 30 s of simulated NCCL
+        end = waiting.events[-1]
+        assert end.done_at - start.done_at >= 30.0
+        start.done_at, end.done_at = 0.0, 0.5 + nbytes / 1e6  # as if it had run that long
+        end.stream.busy_until = 0.0
+        assert waiting.ready()
+        drive(gen)
+        waits.append(waiting)
+    assert waits[0].timing[2] is waits[1].timing[2]  # one lane, one CallTimes
+    assert times.predict(8000) == pytest.approx(0.5 + 8000 / 1e6)
+
+
 def test_the_simulated_gpu_spends_stream_time_and_moves_nothing():
     import gpu_sim
 
@@ -608,7 +637,7 @@ def test_device_phases_are_counted_back_from_when_the_host_saw_them_done(fake_cu
     for label in ("MEMCPY_IN_FUSION_BUFFER", "NCCL_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"):
         phases.mark(label)
     for event, t in zip(phases.events, (0.0, 0.001, 0.003, 0.0035)):  # seconds
-        event.time = t
+        event.done_at = t  # (on the device's clock)
     assert phases.spans(10000.0, 0.0) == [("MEMCPY_IN_FUSION_BUFFER", 6500.0, 7500.0),
                                           ("NCCL_ALLREDUCE", 7500.0, 9500.0),
                                           ("MEMCPY_OUT_FUSION_BUFFER", 9500.0, 10000.0)]
@@ -678,17 +707,20 @@ def test_nccl_host_aware_allreduce_on_two_simulated_hosts_at_np4(case, setting):
     ("a_grouped_allreduce_and_a_broadcast_complete_early_too", "1", "early"),
     ("without_it_a_handle_waits_for_the_device", "0", "late"),
     ("waiting_for_a_held_tensor_queues_it_behind_the_running_call", "0", "hold"),
+    ("a_held_tensor_goes_shortly_before_the_running_call_should_end", "0", "hold"),
     ("a_failure_after_early_completion_stops_the_job_naming_the_setting", "1", "failing"),
 ])
 def test_async_completion_on_device_arrays_at_np2(case, setting, job):
     """HOROVOD_ENABLE_ASYNC_COMPLETION: a GPU operation's handles complete
     once it is queued, and synchronize orders the caller's stream after it.
-    Without it, a thread that waits for a tensor held back for the busy
-    lane releases it, to be queued behind the running call ("hold")."""
+    Without it, a tensor held back for the busy lane is queued behind the
+    running call once a thread waits for it, or once that call should end
+    within DEVICE_HOLD_LEAD ("hold")."""
     cases = {"early": "with_it_a_handle_completes_once_queued_and_the_stream_waits,"
                       "a_grouped_allreduce_and_a_broadcast_complete_early_too",
              "late": "without_it_a_handle_waits_for_the_device",
-             "hold": "waiting_for_a_held_tensor_queues_it_behind_the_running_call",
+             "hold": "a_held_tensor_goes_shortly_before_the_running_call_should_end,"
+                     "waiting_for_a_held_tensor_queues_it_behind_the_running_call",
              "failing": "a_failure_after_early_completion_stops_the_job_naming_the_setting"}
     env = {"HOROVOD_ENABLE_ASYNC_COMPLETION": setting, "CASES": cases[job],
            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}

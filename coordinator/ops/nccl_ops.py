@@ -81,7 +81,8 @@ log = logging.getLogger("coordinator")
 class _Lane:
     """What this rank holds for one (process set, device)."""
 
-    __slots__ = ("device", "comm", "rank", "size", "stream", "tables", "_spare", "buffers")
+    __slots__ = ("device", "comm", "rank", "size", "stream", "tables", "_spare", "buffers",
+                 "times")
 
     def __init__(self, cp, device, comm, rank, size, stream):
         self.device = device
@@ -94,6 +95,9 @@ class _Lane:
         # (it starts at most two of a lane's operations at once).
         self.tables, self._spare = Tables(cp), Tables(cp)
         self.buffers = {}  # slot -> uint8 device array
+        # How long its allreduces take on the device (the background thread
+        # holds gradients back while the lane is busy for long enough).
+        self.times = gpu.CallTimes()
 
     def turn(self):
         """An operation starts queuing work: it takes the other set of tables."""
@@ -313,13 +317,17 @@ class NCCLOps:
                 lane.stream.wait_event(event)
             yield
 
-    def _finish(self, lane, entries, names, activity, results, keep=None, phases=None):
+    def _finish(self, lane, entries, names, activity, results, keep=None, phases=None,
+                timing=None):
         """Records the completion event (inside `_on`) and gives the entries
         their DeviceWait, which carries the operation's `results` (valid in
-        stream order once everything is queued); returns the generator that
-        waits for it."""
-        done = gpu.DeviceWait(lane.device, [gpu.record(lane.stream)], keep,
-                              lane.comm.check_async_error, results, lets_next_start=True)
+        stream order once everything is queued) and its `timing` (start event,
+        bytes: DeviceWait); returns the generator that waits for it."""
+        if timing is not None:
+            timing = (*timing, lane.times)
+        done = gpu.DeviceWait(lane.device, [gpu.record(lane.stream, timed=timing is not None)],
+                              keep, lane.comm.check_async_error, results,
+                              lets_next_start=True, timing=timing)
         for e in entries:
             if e is not None:
                 e.done_event = done
@@ -379,8 +387,10 @@ class NCCLOps:
         pre, post = response.prescale, response.postscale
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
+            start = gpu.record(stream, timed=True)  # (its inputs are ready here)
             phases = self._phases(stream)
             outputs = self._outputs(response, entries)
+            nbytes = sum(e.tensor.size for e in entries) * buf_dtype.itemsize
             if len(entries) == 1 and buf_kind == kind:
                 src, out = entries[0].tensor, outputs[0]
                 if out.size:
@@ -410,7 +420,8 @@ class NCCLOps:
                                         [(o.data.ptr, o.size) for o in outputs], buf_kind,
                                         kind, post, divisor)
                     phases.mark("MEMCPY_OUT_FUSION_BUFFER")
-            wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE", outputs, phases=phases)
+            wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE", outputs, phases=phases,
+                                timing=(start, nbytes))
         yield from wait
         return outputs
 

@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 import frontends.torch as hvd  # noqa: E402
+from coordinator import background  # noqa: E402
 
 
 def env_int(*names, default=None):
@@ -148,6 +149,11 @@ def main():
     parser.add_argument("--async-completion", action="store_true",
                         help="set HOROVOD_ENABLE_ASYNC_COMPLETION=1 for the coordinator (its "
                              "GPU handles complete once queued; synchronize orders the stream)")
+    parser.add_argument("--hold-lead", default="", metavar="MS[,MS...]",
+                        help="also run ours as 'ours@MS' for each value: holding gradients "
+                             "for its busy GPU lane until MS milliseconds before the lane should "
+                             "be free (coordinator.background.DEVICE_HOLD_LEAD; 'ours' keeps the "
+                             "default), in the same rotation")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then profile N steps of each and print where their GPU time went")
     parser.add_argument("--host-profile", type=int, default=0, metavar="N",
@@ -178,16 +184,30 @@ def main():
     x = torch.randn(args.batch_size, 3, image, image, generator=gen).to(args.device)
     y = torch.randint(0, classes, (args.batch_size,), generator=gen).to(args.device)
 
-    order = ["ours", "ddp", "local"]
+    base = ["ours", "ddp", "local"]  # (what --profile and --host-profile look at)
+    order = list(base)
+    leads = {"ours": background.DEVICE_HOLD_LEAD}
+    for ms in filter(None, args.hold_lead.split(",")):
+        name = f"ours@{ms}"
+        leads[name] = float(ms) * 1e-3
+        steppers[name] = steppers["ours"]
+        order.insert(order.index("ddp"), name)
+
+    def run(name, steps):
+        if name in leads:  # (the background thread reads it at each look)
+            background.DEVICE_HOLD_LEAD = leads[name]
+        return timed_steps(*steppers[name], x, y, steps)
+
     for name in order:
         hvd.barrier()
-        timed_steps(*steppers[name], x, y, args.warmup)
+        run(name, args.warmup)
     times = {name: [] for name in order}
     for r in range(args.rounds):
         # Rotate the order so each implementation follows each other one equally often.
-        for name in order[r % 3:] + order[:r % 3]:
+        for name in order[r % len(order):] + order[:r % len(order)]:
             hvd.barrier()
-            times[name].append(statistics.median(timed_steps(*steppers[name], x, y, args.block)))
+            times[name].append(statistics.median(run(name, args.block)))
+    background.DEVICE_HOLD_LEAD = leads["ours"]
 
     # A synchronous step takes as long as the slowest rank's: per round, the max over ranks.
     everyone = hvd.allgather_object(times)
@@ -205,7 +225,9 @@ def main():
               f"{args.rounds} rounds x {args.block} step(s) per implementation, rotating order, "
               f"OMPI_MCA_mpi_yield_when_idle={os.environ.get('OMPI_MCA_mpi_yield_when_idle', '')}")
         for name in order:
-            print(f"  {name:5s} median step {med[name] * 1e3:7.2f} ms")
+            vs = (f", ratio to ddp {statistics.median(o / d for o, d in zip(slow[name], slow['ddp'])):.3f}"
+                  f" (of medians {med[name] / med['ddp']:.3f})" if name.startswith("ours@") else "")
+            print(f"  {name:5s} median step {med[name] * 1e3:7.2f} ms{vs}")
         print(f"ratio ours/ddp = {statistics.median(ratios):.3f} (median of per-round ratios, "
               f"IQR {q1:.3f}-{q3:.3f}); ratio of medians {med['ours'] / med['ddp']:.3f}; "
               f"ours - local = {(med['ours'] - med['local']) * 1e3:+.2f} ms, "
@@ -216,19 +238,19 @@ def main():
     if args.profile:
         import step_profile
 
-        profiled = step_profile.profile_steps(steppers, order, profiled_step, args.profile,
+        profiled = step_profile.profile_steps(steppers, base, profiled_step, args.profile,
                                               args.profile_dir, rank, hvd.barrier)
         print_in_rank_order(f"rank {rank}: where the GPU time of a step went (traces in "
                             f"{args.profile_dir})",
-                            [line for name in order
+                            [line for name in base
                              for line in step_profile.report(name, profiled[name])])
     if args.host_profile:
         import host_profile
 
-        reports = host_profile.profile_host(steppers, order, profiled_step, args.host_profile,
+        reports = host_profile.profile_host(steppers, base, profiled_step, args.host_profile,
                                             hvd.barrier)
         print_in_rank_order(f"rank {rank}: where the host time of a step went",
-                            [line for name in order for line in reports[name]])
+                            [line for name in base for line in reports[name]])
     dist.destroy_process_group()
     hvd.shutdown()
 

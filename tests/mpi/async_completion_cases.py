@@ -43,11 +43,24 @@ def _done_wait(hvd, handle):
     return entry.done_event
 
 
-def _fire(wait):
-    """As if the hour had passed: the operation's work is done."""
+def _fire(wait, took=HOUR):
+    """As if the hour had passed: the operation's work is done, and (for
+    the lane's CallTimes) it ran for `took` seconds on the device."""
     for event in wait.events:
         event.done_at = 0.0
         event.stream.busy_until = 0.0
+    if wait.timing is not None:
+        wait.timing[0].done_at = -took
+
+
+def _submit(hvd, name, value, count):
+    """A Sum allreduce of `count` floats `value` + rank: (handle, entry)."""
+    from coordinator import runtime
+
+    x = FakeDeviceArray.of(np.full(count, value + hvd.rank(), np.float32))
+    handle = hvd.allreduce_async(x, op=hvd.Sum, name=name)
+    (entry,) = runtime.current().handles.entries(handle)
+    return handle, entry
 
 
 def _lane_idle(hvd):
@@ -116,6 +129,48 @@ def case_without_it_a_handle_waits_for_the_device(hvd):
     _lane_idle(hvd)
 
 
+def case_a_held_tensor_goes_shortly_before_the_running_call_should_end(hvd):
+    """A GPU tensor submitted while its lane runs an operation is held for a
+    fuller fusion, but not until the host sees that operation end: once the
+    lane should be free within DEVICE_HOLD_LEAD seconds (by how long its
+    earlier operations ran on the device), its operation is negotiated and
+    queued behind the running one, with nobody waiting for it yet. (Runs
+    before the case below, whose hour-long calls would teach the lane that
+    its calls run for an hour.)"""
+    from coordinator import background
+
+    took, held = 10.0, 2.0  # a call runs `took` s; the next is held `held` s
+    nccl = FAKE["nccl"]
+    for _ in range(3):  # learn the names, and how long a call runs
+        for name in ("lead.first", "lead.second"):
+            handle, _ = _submit(hvd, name, 0.0, 2)
+            _fire(_done_wait(hvd, handle), took=took)
+            hvd.synchronize(handle)
+    saved = background.DEVICE_HOLD_LEAD, background.DEVICE_HOLD_MAX
+    background.DEVICE_HOLD_LEAD, background.DEVICE_HOLD_MAX = took - held, HOUR
+    try:
+        calls = len(nccl.calls)
+        first, _ = _submit(hvd, "lead.first", 1.0, 2)
+        first_wait = _done_wait(hvd, first)  # (the fake's call would run an hour)
+        second, entry = _submit(hvd, "lead.second", 10.0, 2)
+        time.sleep(held / 10)
+        assert len(nccl.calls) == calls + 1 and entry.done_event is None, "not held"
+        deadline = time.monotonic() + 30
+        while entry.done_event is None:
+            assert time.monotonic() < deadline, "held until the running call ended"
+            time.sleep(0.001)
+        assert len(nccl.calls) == calls + 2
+        assert not first_wait.ready(), "the first call ended: the case cannot tell"
+        _fire(first_wait, took=took)
+        _fire(entry.done_event, took=took)
+        np.testing.assert_array_equal(hvd.synchronize(second).get(),
+                                      np.full(2, 21.0, np.float32))
+        np.testing.assert_array_equal(hvd.synchronize(first).get(), np.full(2, 3.0, np.float32))
+        _lane_idle(hvd)
+    finally:
+        background.DEVICE_HOLD_LEAD, background.DEVICE_HOLD_MAX = saved
+
+
 def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
     """A GPU tensor submitted while its lane runs an operation is held for a
     fuller fusion; a thread that then waits for it releases the hold, and
@@ -123,19 +178,12 @@ def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
     after the host has seen that one end."""
     import threading
 
-    from coordinator import background, runtime
+    from coordinator import background
 
-    nccl, me = FAKE["nccl"], hvd.rank()
-
-    def submit(name, value, count):
-        x = FakeDeviceArray.of(np.full(count, value + me, np.float32))
-        handle = hvd.allreduce_async(x, op=hvd.Sum, name=name)
-        (entry,) = runtime.current().handles.entries(handle)
-        return handle, entry
-
+    nccl = FAKE["nccl"]
     for _ in range(2):  # a step to learn the names: only known names are held
         for name in ("held.first", "held.second"):
-            handle, _ = submit(name, 0.0, 2)
+            handle, _ = _submit(hvd, name, 0.0, 2)
             _fire(_done_wait(hvd, handle))
             hvd.synchronize(handle)
     # Only the wait may end the hold, not its time limit (nor the stall
@@ -143,9 +191,9 @@ def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
     hold_max, background.DEVICE_HOLD_MAX = background.DEVICE_HOLD_MAX, HOUR
     try:
         calls = len(nccl.calls)
-        first, _ = submit("held.first", 1.0, 2)
+        first, _ = _submit(hvd, "held.first", 1.0, 2)
         first_wait = _done_wait(hvd, first)  # queued: the lane is busy for an hour
-        second, entry = submit("held.second", 10.0, 2)
+        second, entry = _submit(hvd, "held.second", 10.0, 2)
         time.sleep(0.2)
         assert len(nccl.calls) == calls + 1 and entry.done_event is None, "not held"
         got = []
