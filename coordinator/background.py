@@ -170,7 +170,9 @@ class Background:
         self.timeline = parts.timeline
         self.channel = parts.channel
         self.cycle = parts.cycle
-        self.executor = Executor(early=cfg.async_completion)
+        # (early: its GPU operations are handed out once queued, for the
+        # entries that take their results in stream order: _complete_queued)
+        self.executor = Executor(early=True)
         self.is_coordinator = self.rank == 0
         self.cache = WorkerCache()
         self.cache_enabled = cfg.cache_capacity > 0
@@ -1337,31 +1339,40 @@ class Background:
         return bool(done) or queued or self.executor.steps != steps
 
     def _complete_queued(self):
-        """HOROVOD_ENABLE_ASYNC_COMPLETION: completes the handles of GPU
-        operations whose work is all queued on their device, as Horovod does:
-        their results are valid in stream order, and synchronize makes the
-        caller's current stream wait for the operation's completion event
-        (DeviceWait.order_current_stream), so the caller queues what comes
-        next without waiting for the GPU. The operation stays in flight
-        until its event fires."""
+        """Once a GPU operation's work is all queued on its device, completes
+        the handles of its entries that take results in stream order: all of
+        them with HOROVOD_ENABLE_ASYNC_COMPLETION, as Horovod does, else
+        those submitted in stream order (collectives.in_stream_order:
+        DistributedOptimizer's gradients). Their results are valid in stream
+        order, and synchronize makes the caller's current stream wait for
+        the operation's completion event (DeviceWait.order_current_stream),
+        so the caller queues what comes next without waiting for the GPU.
+        The operation stays in flight until its event fires; its other
+        entries complete then."""
         queued = self.executor.take_queued()
+        every = self.config.async_completion
         for op in queued:
-            self._complete(op.entries, op.queued_results)
+            early = [i for i, e in enumerate(op.entries)
+                     if e is not None and (every or e.in_stream_order)]
+            if early:
+                op.completed_early = True
+                results = op.queued_results
+                self._complete([op.entries[i] for i in early], [results[i] for i in early])
         return bool(queued)
 
     def _finish_op(self, op):
         if op.traced:
             self.timeline.op_end(op.names)
-        if op.completed_early:
-            if op.error is not None:
-                # Its handles have completed; it can fail only as a job fails
-                # (an NCCL communicator's asynchronous error): stop, so that no
-                # rank goes on with results that were never written.
-                names = ", ".join(f"'{n}'" for n in op.names)
-                self._die(HorovodInternalError(
-                    f"rank {self.rank}: {op_name(op.response.op)} of tensor(s) {names} failed "
-                    f"after its handles had completed (HOROVOD_ENABLE_ASYNC_COMPLETION): "
-                    f"{op.error}"))
+        if op.completed_early and op.error is not None:
+            # Handles have completed; it can fail only as a job fails (an
+            # NCCL communicator's asynchronous error): stop, so that no rank
+            # goes on with results that were never written.
+            names = ", ".join(f"'{n}'" for n in op.names)
+            why = ("HOROVOD_ENABLE_ASYNC_COMPLETION" if self.config.async_completion else
+                   "results taken in stream order, as DistributedOptimizer takes its gradients")
+            self._die(HorovodInternalError(
+                f"rank {self.rank}: {op_name(op.response.op)} of tensor(s) {names} failed "
+                f"after its handles had completed ({why}): {op.error}"))
             return
         if op.error is not None:
             self._failed(op.response, op.entries, op.error)

@@ -19,6 +19,7 @@ reason, instead of waiting for it forever.
 import functools
 import itertools
 import numbers
+import threading
 import warnings
 
 import numpy as np
@@ -188,6 +189,30 @@ def _scale(value, label, what):
     return float(value)
 
 
+class in_stream_order:
+    """Device tensors submitted by this thread inside it take their results
+    in stream order: their handles complete once their operation's work is
+    queued on the device, and synchronize makes the caller's current stream
+    wait for it, without waiting for the GPU (as all handles do with
+    HOROVOD_ENABLE_ASYNC_COMPLETION). For results only read on that stream,
+    as an optimizer step reads its gradients (frontends.torch's
+    DistributedOptimizer submits them so, as DDP's reducer hands its
+    buckets over). An operation that fails after that stops the job."""
+
+    __slots__ = ("_before",)
+
+    def __enter__(self):
+        self._before = getattr(_stream_order, "on", False)
+        _stream_order.on = True
+        return self
+
+    def __exit__(self, *exc_info):
+        _stream_order.on = self._before
+
+
+_stream_order = threading.local()
+
+
 def _submit(rt, entries, group=False):
     """Queue entries (together) and return one handle: for the entry, or for
     the list of a grouped operation's entries."""
@@ -195,6 +220,9 @@ def _submit(rt, entries, group=False):
         for e in entries:
             if e.device != CPU_DEVICE:  # the backend's stream waits for these events
                 gpu.record_ready(entries)
+                if getattr(_stream_order, "on", False):
+                    for d in entries:
+                        d.in_stream_order = d.device != CPU_DEVICE
                 break
         rt.queue.push_all(entries)
     return rt.handles.add(list(entries) if group else entries[0])

@@ -34,7 +34,8 @@ class Operation:
     """One response being run: its entries, names and backend generator."""
 
     __slots__ = ("response", "entries", "names", "lane", "started", "steps", "_gen",
-                 "_waiting", "results", "error", "traced", "completed_early", "finished")
+                 "_waiting", "results", "error", "traced", "handed_out", "completed_early",
+                 "finished")
 
     def __init__(self, response, entries, names, lane, gen, traced=False):
         self.response = response
@@ -48,7 +49,8 @@ class Operation:
         self.results = None
         self.error = None
         self.traced = traced
-        self.completed_early = False  # its handles completed once it was queued
+        self.handed_out = False  # by take_queued()
+        self.completed_early = False  # some of its handles completed once it was queued
         self.finished = False
 
     @property
@@ -156,9 +158,9 @@ class Executor:
         before = op.steps
         finished = op.advance()
         self.steps += op.steps - before
-        if (not finished and self._early and not op.completed_early
+        if (not finished and self._early and not op.handed_out
                 and op.queued_results is not None):
-            op.completed_early = True
+            op.handed_out = True
             self._queued.append(op)
         return finished
 

@@ -52,7 +52,7 @@ class Entry:
                  "root_rank", "prescale", "postscale", "process_set_id", "device", "splits",
                  "group", "group_size", "ranks", "submit_time", "cache_id", "_pending",
                  "result", "error", "callback", "done", "key", "rejected", "since",
-                 "reported", "ready_point", "done_event", "seq")
+                 "reported", "ready_point", "done_event", "seq", "in_stream_order")
 
     def __init__(self, name, op, tensor=None, output=None, dtype_info=None, shape=(),
                  reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
@@ -89,6 +89,9 @@ class Entry:
         # and the backend's DeviceWait for the work that wrote the result.
         self.ready_point = None
         self.done_event = None
+        # Its handle completes once its operation is queued on the device
+        # (collectives.in_stream_order).
+        self.in_stream_order = False
         # Held until the entry completes: waiting is acquiring it. A bare lock
         # costs a fraction of a threading.Event on this hot path.
         self._pending = _thread.allocate_lock()

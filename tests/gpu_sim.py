@@ -121,11 +121,14 @@ def max_busy():
 def complete_early(on):
     """Switches HOROVOD_ENABLE_ASYNC_COMPLETION on the running coordinator:
     GPU handles complete once their work is queued (on) or once it has run."""
+    import dataclasses
+
     from coordinator import runtime
 
     rt = runtime.current()
     if rt is not None:
-        rt.background.executor._early = on
+        background = rt.background
+        background.config = dataclasses.replace(background.config, async_completion=on)
 
 
 def device_array(shape, dtype=np.float32):

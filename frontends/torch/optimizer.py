@@ -209,8 +209,9 @@ class _DistributedOptimizer(_HookedOptimizer):
             tensor = tensor.to_dense()
         compressed, ctx = self._compression.compress(tensor)
         pre, post = self._scale_factors()
-        handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
-                                  postscale_factor=post, process_set=self.process_set)
+        with _core_collectives.in_stream_order():  # (read by step() on torch's stream)
+            handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
+                                      postscale_factor=post, process_set=self.process_set)
         return handle, ctx
 
     def _grouped_allreduce_grad_async(self, group):
@@ -219,10 +220,11 @@ class _DistributedOptimizer(_HookedOptimizer):
                 p.grad = torch.zeros_like(p)
         compressed, ctxs = zip(*[self._compression.compress(p.grad) for p in group])
         pre, post = self._scale_factors()
-        handle = grouped_allreduce_async_(list(compressed),
-                                          name=self._parameter_names.get(group[0]),
-                                          op=self.op, prescale_factor=pre, postscale_factor=post,
-                                          process_set=self.process_set)
+        with _core_collectives.in_stream_order():
+            handle = grouped_allreduce_async_(list(compressed),
+                                              name=self._parameter_names.get(group[0]),
+                                              op=self.op, prescale_factor=pre,
+                                              postscale_factor=post, process_set=self.process_set)
         return handle, ctxs
 
     def _submit_group(self, group):

@@ -1,7 +1,7 @@
 """frontends.torch on CUDA tensors: zero-copy in and out, every op against
 the same computation on the host, torch and CuPy tensors in one job, a
 DistributedOptimizer run that equals single-process training on the full
-batch, and no host synchronisation on submit."""
+batch, and no host synchronisation on submit nor in the optimizer's step."""
 
 import copy
 import time
@@ -137,6 +137,38 @@ def test_distributed_optimizer_equals_training_on_the_full_batch(hvd, torch_cuda
         ref_opt.step()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_the_optimizer_step_does_not_wait_for_the_gpu(hvd, torch_cuda):
+    """DistributedOptimizer takes its gradients in stream order: step()
+    queues the update behind their NCCL calls and returns without the host
+    waiting for those; the update still reads the reduced gradients."""
+    torch, thvd = torch_cuda
+    n, lr = hvd.size(), 0.5
+    warm = torch.nn.Linear(64, 64).cuda()  # load the kernels, open the lane
+    warm_opt = thvd.DistributedOptimizer(torch.optim.SGD(warm.parameters(), lr=lr),
+                                         named_parameters=warm.named_parameters())
+    warm(torch.ones(4, 64, device="cuda")).sum().backward()
+    warm_opt.step()
+    model = torch.nn.Linear(64, 64).cuda()
+    thvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+                                    named_parameters=model.named_parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.full((4, 64), float(hvd.rank() + 1), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second: backward's kernels, then NCCL, wait
+    model(x).sum().backward()
+    start = time.perf_counter()
+    opt.step()
+    stepped = time.perf_counter() - start
+    busy = not torch.cuda.current_stream().query()
+    assert busy, "the sleep ended before the test looked"
+    assert stepped < 0.3, f"step() took {stepped:.3f} s: it waited for the GPU"
+    mean_x = sum(4.0 * (r + 1) for r in range(n)) / n  # d(sum)/dW: x summed over the batch
+    weight, bias = model.parameters()
+    torch.testing.assert_close(weight, before[0] - lr * mean_x)
+    torch.testing.assert_close(bias, before[1] - lr * 4.0)
 
 
 def test_tensors_go_in_and_results_come_back_without_copies(hvd, cp, torch_cuda):

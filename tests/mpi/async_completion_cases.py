@@ -129,6 +129,42 @@ def case_without_it_a_handle_waits_for_the_device(hvd):
     _lane_idle(hvd)
 
 
+def case_in_stream_order_a_handle_completes_once_queued_the_others_later(hvd):
+    """Without the setting, a device tensor submitted inside
+    collectives.in_stream_order (as DistributedOptimizer submits its
+    gradients) completes once its operation is queued, and synchronize
+    makes the caller's stream wait for it; another tensor fused into the
+    same operation waits for the device."""
+    import threading
+
+    from coordinator import collectives
+
+    me, n = hvd.rank(), hvd.size()
+    stream = FAKE["cupy"].cuda.get_current_stream()
+    with collectives.in_stream_order():
+        ordered = hvd.allreduce_async(FakeDeviceArray.of(np.full(3, me, np.float32)),
+                                      op=hvd.Sum, name="ordered")
+    after = hvd.allreduce_async(FakeDeviceArray.of(np.full(2, 10.0 * me, np.float32)),
+                                op=hvd.Sum, name="after")  # (outside: not in stream order)
+    wait = _done_wait(hvd, ordered)
+    got = hvd.synchronize(ordered)  # though the device work has an hour to go
+    assert not wait.ready(), "the completion event fired: the case cannot tell"
+    np.testing.assert_array_equal(got.get(), np.full(3, sum(range(n)), np.float32))
+    assert wait.events[0] in stream.waited
+    later = []
+    waiter = threading.Thread(target=lambda: later.append(hvd.synchronize(after)))
+    waiter.start()
+    waiter.join(0.3)
+    assert not later, "completed before its operation's work was done"
+    later_wait = _done_wait(hvd, after)
+    for w in {id(wait): wait, id(later_wait): later_wait}.values():
+        _fire(w)
+    waiter.join(30)
+    np.testing.assert_array_equal(later[0].get(), np.full(2, 10.0 * sum(range(n)), np.float32))
+    stream.busy_until = 0.0
+    _lane_idle(hvd)
+
+
 def case_a_held_tensor_goes_shortly_before_the_running_call_should_end(hvd):
     """A GPU tensor submitted while its lane runs an operation is held for a
     fuller fusion, but not until the host sees that operation end: once the
@@ -216,9 +252,13 @@ def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
 
 
 def case_a_failure_after_early_completion_stops_the_job_naming_the_setting(hvd):
+    """With the setting, or (without it) for a tensor taken in stream order."""
+    from coordinator import collectives
     from coordinator.errors import HorovodInternalError
 
-    handle = hvd.allreduce_async(FakeDeviceArray.of(np.ones(2, np.float32)), name="doomed")
+    setting = os.environ.get("HOROVOD_ENABLE_ASYNC_COMPLETION") == "1"
+    with collectives.in_stream_order():
+        handle = hvd.allreduce_async(FakeDeviceArray.of(np.ones(2, np.float32)), name="doomed")
     wait = _done_wait(hvd, handle)
     hvd.synchronize(handle)
 
@@ -232,7 +272,8 @@ def case_a_failure_after_early_completion_stops_the_job_naming_the_setting(hvd):
             time.sleep(0.01)
     except HorovodInternalError as exc:
         text = str(exc)
-        assert "HOROVOD_ENABLE_ASYNC_COMPLETION" in text and "doomed" in text, text
+        why = "HOROVOD_ENABLE_ASYNC_COMPLETION" if setting else "in stream order"
+        assert why in text and "doomed" in text, text
         assert "NCCL error" in text, text
     else:
         raise AssertionError("the job went on after a failed operation")

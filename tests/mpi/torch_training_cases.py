@@ -152,6 +152,43 @@ def case_the_last_gradient_of_a_step_flushes_the_queue(_core):
     assert_same_params(model, reference_training(sgd, 2, micro_batches=2))
 
 
+def case_the_optimizer_submits_its_gradients_in_stream_order(_core):
+    """DistributedOptimizer submits each gradient, one by one or grouped,
+    inside collectives.in_stream_order: on a GPU their handles complete once
+    their NCCL work is queued, and step() queues the update behind it
+    without waiting for the GPU (as DDP's buckets). Other submissions, and
+    this thread after the step, are not in stream order."""
+    from coordinator import collectives, runtime
+
+    queue = runtime.current().queue
+    seen = []
+    real = queue.push_all
+
+    def recording(entries):
+        seen.append((entries[0].name, getattr(collectives._stream_order, "on", False)))
+        return real(entries)
+
+    queue.push_all = recording
+    try:
+        for groups in (None, 2):
+            model = make_net()
+            opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                           named_parameters=model.named_parameters(),
+                                           groups=groups)
+            opt.zero_grad()
+            x, y = batch(hvd.rank(), 0, 0)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        hvd.allreduce(torch.ones(1), name="plain")
+    finally:
+        queue.push_all = real
+    gradients = [on for name, on in seen
+                 if name.startswith(("allreduce.", "grouped_allreduce.")) and "plain" not in name]
+    assert len(gradients) > 2 and all(gradients), seen
+    others = [on for name, on in seen if name.startswith("broadcast.") or "plain" in name]
+    assert others and not any(others), seen  # (the groups' parameter order, "plain")
+
+
 def case_backward_passes_per_step_accumulates_locally(_core):
     model = make_net()
     opt = hvd.DistributedOptimizer(sgd(model.parameters()),

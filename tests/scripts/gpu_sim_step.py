@@ -26,8 +26,10 @@ autograd's does; the backward's gradient hooks run in a thread of their own
 (HOROVOD_ENABLE_ASYNC_COMPLETION); `--completion sync` or `async` runs only
 one of the two. With `--flush`, "ours-flush" is ours telling the core after
 the last hook that no more gradients are coming (coordinator.collectives.
-flush, as DistributedOptimizer does), "ours" without it. Rank 0 prints each implementation's median step and the
-median of the per-round ratios to ddp.
+flush), "ours" without it, and "ours-opt" what DistributedOptimizer does:
+the flush, and every gradient submitted in stream order (collectives.
+in_stream_order: its handle completes once queued). Rank 0 prints each
+implementation's median step and the median of the per-round ratios to ddp.
 """
 
 import argparse
@@ -70,6 +72,7 @@ def main():
     from coordinator import gpu
     from coordinator import bench
     from coordinator.collectives import flush as no_more_coming
+    from coordinator.collectives import in_stream_order
 
     world = MPI.COMM_WORLD
     cp, nccl = gpu_sim.sim_cupy(world.size, world.rank)
@@ -106,11 +109,15 @@ def main():
         gpu_sim.compute(OPTIMIZER)
         gpu_sim.wait_device()
 
-    def step_ours(flush=False):
+    def step_ours(flush=False, ordered=False):
         handles = {}
 
         def hook(i):
-            handles[i] = hvd.allreduce_async(grads[i], name=f"grad.{i}")
+            if ordered:
+                with in_stream_order():
+                    handles[i] = hvd.allreduce_async(grads[i], name=f"grad.{i}")
+            else:
+                handles[i] = hvd.allreduce_async(grads[i], name=f"grad.{i}")
             if flush and len(handles) == layers:
                 no_more_coming()
         forward()
@@ -152,11 +159,12 @@ def main():
         optimizer_and_sync()
 
     steps = {"ours": step_ours, "ours-async": step_ours, "ours-flush": lambda: step_ours(True),
-             "ddp": step_ddp, "local": step_local}
+             "ours-opt": lambda: step_ours(True, ordered=True), "ddp": step_ddp,
+             "local": step_local}
     names = ["ddp", "local"] + {"sync": ["ours"], "async": ["ours-async"],
                                 "both": ["ours", "ours-async"]}[args.completion]
     if args.flush:
-        names.append("ours-flush")
+        names += ["ours-flush", "ours-opt"]
 
     def timed(name):
         gpu_sim.complete_early(name == "ours-async")
