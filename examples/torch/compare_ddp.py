@@ -47,7 +47,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 import frontends.torch as hvd  # noqa: E402
-from coordinator import background  # noqa: E402
+from coordinator import background, collectives  # noqa: E402
+
+in_stream_order = collectives.in_stream_order
 
 
 def env_int(*names, default=None):
@@ -154,6 +156,10 @@ def main():
                              "for its busy GPU lane until MS milliseconds before the lane should "
                              "be free (coordinator.background.DEVICE_HOLD_LEAD; 'ours' keeps the "
                              "default), in the same rotation")
+    parser.add_argument("--host-completion", action="store_true",
+                        help="also run ours as 'ours-host': DistributedOptimizer's gradients "
+                             "complete when the host has seen their NCCL calls end, not in "
+                             "stream order (as before e7e2503), in the same rotation")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then profile N steps of each and print where their GPU time went")
     parser.add_argument("--host-profile", type=int, default=0, metavar="N",
@@ -193,9 +199,16 @@ def main():
         steppers[name] = steppers["ours"]
         order.insert(order.index("ddp"), name)
 
+    if args.host_completion:
+        steppers["ours-host"] = steppers["ours"]
+        order.insert(order.index("ddp"), "ours-host")
+
     def run(name, steps):
         if name in leads:  # (the background thread reads it at each look)
             background.DEVICE_HOLD_LEAD = leads[name]
+        # (the optimizer looks it up at each submission)
+        collectives.in_stream_order = (contextlib.nullcontext if name == "ours-host"
+                                       else in_stream_order)
         return timed_steps(*steppers[name], x, y, steps)
 
     for name in order:
@@ -208,6 +221,7 @@ def main():
             hvd.barrier()
             times[name].append(statistics.median(run(name, args.block)))
     background.DEVICE_HOLD_LEAD = leads["ours"]
+    collectives.in_stream_order = in_stream_order
 
     # A synchronous step takes as long as the slowest rank's: per round, the max over ranks.
     everyone = hvd.allgather_object(times)
@@ -226,7 +240,7 @@ def main():
               f"OMPI_MCA_mpi_yield_when_idle={os.environ.get('OMPI_MCA_mpi_yield_when_idle', '')}")
         for name in order:
             vs = (f", ratio to ddp {statistics.median(o / d for o, d in zip(slow[name], slow['ddp'])):.3f}"
-                  f" (of medians {med[name] / med['ddp']:.3f})" if name.startswith("ours@") else "")
+                  f" (of medians {med[name] / med['ddp']:.3f})" if name.startswith("ours") and name != "ours" else "")
             print(f"  {name:5s} median step {med[name] * 1e3:7.2f} ms{vs}")
         print(f"ratio ours/ddp = {statistics.median(ratios):.3f} (median of per-round ratios, "
               f"IQR {q1:.3f}-{q3:.3f}); ratio of medians {med['ours'] / med['ddp']:.3f}; "
