@@ -165,6 +165,42 @@ def case_in_stream_order_a_handle_completes_once_queued_the_others_later(hvd):
     _lane_idle(hvd)
 
 
+def _learn(hvd, names, took=HOUR, steps=2):
+    """Reduces each named tensor `steps` times, so the names are known (only
+    known names are held) and the lane has learned that a call runs `took`
+    seconds."""
+    for _ in range(steps):
+        for name in names:
+            handle, _ = _submit(hvd, name, 0.0, 2)
+            _fire(_done_wait(hvd, handle), took=took)
+            hvd.synchronize(handle)
+
+
+def _second_held(hvd, prefix, look_after):
+    """Submits `prefix`.first, queued at once on the idle lane (its call would
+    run for an hour), then `prefix`.second, and checks `look_after` seconds
+    later that the second is held: (NCCL calls before, first's handle and
+    DeviceWait, second's handle and entry)."""
+    calls = len(FAKE["nccl"].calls)
+    first, _ = _submit(hvd, prefix + ".first", 1.0, 2)
+    first_wait = _done_wait(hvd, first)
+    second, entry = _submit(hvd, prefix + ".second", 10.0, 2)
+    time.sleep(look_after)
+    assert len(FAKE["nccl"].calls) == calls + 1 and entry.done_event is None, "not held"
+    return calls, first, first_wait, second, entry
+
+
+def _until_queued(entry, calls, first_wait, why):
+    """Waits until the held `entry`'s call is queued, while the first call
+    (`first_wait`) still runs; `why`: what it means if it never is."""
+    deadline = time.monotonic() + 30
+    while entry.done_event is None:
+        assert time.monotonic() < deadline, why
+        time.sleep(0.001)
+    assert len(FAKE["nccl"].calls) == calls + 2
+    assert not first_wait.ready(), "the first call ended: the case cannot tell"
+
+
 def case_a_held_tensor_goes_shortly_before_the_running_call_should_end(hvd):
     """A GPU tensor submitted while its lane runs an operation is held for a
     fuller fusion, but not until the host sees that operation end: once the
@@ -176,27 +212,12 @@ def case_a_held_tensor_goes_shortly_before_the_running_call_should_end(hvd):
     from coordinator import background
 
     took, held = 10.0, 2.0  # a call runs `took` s; the next is held `held` s
-    nccl = FAKE["nccl"]
-    for _ in range(3):  # learn the names, and how long a call runs
-        for name in ("lead.first", "lead.second"):
-            handle, _ = _submit(hvd, name, 0.0, 2)
-            _fire(_done_wait(hvd, handle), took=took)
-            hvd.synchronize(handle)
+    _learn(hvd, ("lead.first", "lead.second"), took=took, steps=3)
     saved = background.DEVICE_HOLD_LEAD, background.DEVICE_HOLD_MAX
     background.DEVICE_HOLD_LEAD, background.DEVICE_HOLD_MAX = took - held, HOUR
     try:
-        calls = len(nccl.calls)
-        first, _ = _submit(hvd, "lead.first", 1.0, 2)
-        first_wait = _done_wait(hvd, first)  # (the fake's call would run an hour)
-        second, entry = _submit(hvd, "lead.second", 10.0, 2)
-        time.sleep(held / 10)
-        assert len(nccl.calls) == calls + 1 and entry.done_event is None, "not held"
-        deadline = time.monotonic() + 30
-        while entry.done_event is None:
-            assert time.monotonic() < deadline, "held until the running call ended"
-            time.sleep(0.001)
-        assert len(nccl.calls) == calls + 2
-        assert not first_wait.ready(), "the first call ended: the case cannot tell"
+        calls, first, first_wait, second, entry = _second_held(hvd, "lead", held / 10)
+        _until_queued(entry, calls, first_wait, "held until the running call ended")
         _fire(first_wait, took=took)
         _fire(entry.done_event, took=took)
         np.testing.assert_array_equal(hvd.synchronize(second).get(),
@@ -216,31 +237,16 @@ def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
 
     from coordinator import background
 
-    nccl = FAKE["nccl"]
-    for _ in range(2):  # a step to learn the names: only known names are held
-        for name in ("held.first", "held.second"):
-            handle, _ = _submit(hvd, name, 0.0, 2)
-            _fire(_done_wait(hvd, handle))
-            hvd.synchronize(handle)
+    _learn(hvd, ("held.first", "held.second"))
     # Only the wait may end the hold, not its time limit (nor the stall
     # checks' messages, which make every rank post a cycle: they are off).
     hold_max, background.DEVICE_HOLD_MAX = background.DEVICE_HOLD_MAX, HOUR
     try:
-        calls = len(nccl.calls)
-        first, _ = _submit(hvd, "held.first", 1.0, 2)
-        first_wait = _done_wait(hvd, first)  # queued: the lane is busy for an hour
-        second, entry = _submit(hvd, "held.second", 10.0, 2)
-        time.sleep(0.2)
-        assert len(nccl.calls) == calls + 1 and entry.done_event is None, "not held"
+        calls, first, first_wait, second, entry = _second_held(hvd, "held", 0.2)
         got = []
         waiter = threading.Thread(target=lambda: got.append(hvd.synchronize(second)))
         waiter.start()
-        deadline = time.monotonic() + 30
-        while entry.done_event is None:
-            assert time.monotonic() < deadline, "the wait did not release the held tensor"
-            time.sleep(0.001)
-        assert len(nccl.calls) == calls + 2
-        assert not first_wait.ready(), "the first call ended: the case cannot tell"
+        _until_queued(entry, calls, first_wait, "the wait did not release the held tensor")
         _fire(first_wait)
         _fire(entry.done_event)
         waiter.join(30)
