@@ -572,6 +572,11 @@ class Background:
                     and not self._holding_for_device(now))
         return False
 
+    def lane_idle(self, process_set_id, device):
+        """Whether the lane of (process set, device) has nothing in flight
+        (read by submitting threads: a hint, not a promise)."""
+        return not self.executor.busy((process_set_id, device))
+
     def _holding_for_device(self, now):
         """Whether to hold the next cycle back: every tensor waiting for one
         is a GPU tensor of the global set, and this rank's GPU lane is still

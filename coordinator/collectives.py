@@ -219,7 +219,7 @@ def _submit(rt, entries, group=False):
     if entries:
         for e in entries:
             if e.device != CPU_DEVICE:  # the backend's stream waits for these events
-                gpu.record_ready(entries)
+                gpu.record_ready(entries, idle=rt.background.lane_idle)
                 if getattr(_stream_order, "on", False):
                     for d in entries:
                         d.in_stream_order = d.device != CPU_DEVICE

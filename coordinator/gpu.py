@@ -280,7 +280,11 @@ class ReadyPoint:
     CUDA call through CuPy lets go of the interpreter lock, and taking it
     back from the busy background thread cost a gradient hook 150-250 us on
     the H100 (ResNet-50: 1.27x DDP's step with the event recorded in the
-    hook, 1.01-1.03x recorded at launch, README "GPUs").
+    hook, 1.01-1.03x recorded at launch, README "GPUs"). Except where the
+    submission finds its lane idle (record_ready): its collective would
+    launch after one negotiation cycle, behind whatever the caller queued
+    meanwhile, so the event is recorded at once (in a training step, one
+    CUDA call a step, for its first gradient).
 
     The per-thread default stream is the exception: it names another stream
     on the background thread, so there the event is recorded at once.
@@ -333,10 +337,14 @@ def record_pending():
         point.event()
 
 
-def record_ready(entries):
+def record_ready(entries, idle=None):
     """Gives each entry on a device the ready point of the caller's stream
     there (one per device: a grouped submission shares it). No CUDA call
-    (ReadyPoint)."""
+    (ReadyPoint), unless `idle(process_set_id, device)` says the entry's
+    lane has nothing in flight: then its collective launches after one
+    negotiation cycle, and an event recorded at launch would also cover
+    every kernel the caller queues meanwhile (a step's first gradient: the
+    backward pass goes on), so it is recorded now."""
     points = {}
     for e in entries:
         if e.device < 0:
@@ -344,6 +352,8 @@ def record_ready(entries):
         point = points.get(e.device)
         if point is None:
             point = points[e.device] = ReadyPoint(e.device, current_stream(e.device))
+            if idle is not None and idle(e.process_set_id, e.device):
+                point.event()
         e.ready_point = point
 
 

@@ -195,6 +195,30 @@ def test_before_a_callers_stream_waits_every_pending_ready_point_is_recorded(mad
     assert set(gpu.ready_events(pending)) == set(made) and len(made) == 2
 
 
+def test_a_submission_that_finds_its_lane_idle_records_its_event_at_once(made):
+    """Its collective launches after one negotiation cycle: recorded at
+    launch, the event would also cover what the caller queued meanwhile
+    (the rest of a backward pass). A submission whose lane is busy makes no
+    CUDA call; the lane is (process set, device)."""
+    caller = gpu_fakes._Stream()
+    asked = []
+
+    def idle(process_set_id, device):
+        asked.append((process_set_id, device))
+        return process_set_id == 0
+
+    first = [Entry("a", pb.ALLREDUCE, device=0), Entry("b", pb.ALLREDUCE, device=0)]
+    with gpu.caller_stream(0, caller):
+        gpu.record_ready(first, idle=idle)
+    assert len(made) == 1 and made[0].stream is caller  # one per device, for both
+    assert gpu.ready_events(first) == made
+    busy = Entry("c", pb.ALLREDUCE, device=0, process_set_id=1)
+    with gpu.caller_stream(0, caller):
+        gpu.record_ready([busy], idle=idle)
+    assert len(made) == 1  # its lane is busy: at launch
+    assert asked == [(0, 0), (1, 0)]
+
+
 def test_the_per_thread_default_stream_is_recorded_at_submission(made):
     """cudaStreamPerThread names another stream on the background thread: an
     event for it is recorded by the submitting thread."""

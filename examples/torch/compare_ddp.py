@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 import frontends.torch as hvd  # noqa: E402
-from coordinator import background, collectives  # noqa: E402
+from coordinator import background, collectives, runtime  # noqa: E402
 
 in_stream_order = collectives.in_stream_order
 
@@ -160,6 +160,10 @@ def main():
                         help="also run ours as 'ours-host': DistributedOptimizer's gradients "
                              "complete when the host has seen their NCCL calls end, not in "
                              "stream order (as before e7e2503), in the same rotation")
+    parser.add_argument("--ready-at-launch", action="store_true",
+                        help="also run ours as 'ours-launch': a gradient whose GPU lane is idle "
+                             "has its ready event recorded when its collective launches, not at "
+                             "submission (as before this option existed), in the same rotation")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then profile N steps of each and print where their GPU time went")
     parser.add_argument("--host-profile", type=int, default=0, metavar="N",
@@ -199,9 +203,12 @@ def main():
         steppers[name] = steppers["ours"]
         order.insert(order.index("ddp"), name)
 
-    if args.host_completion:
-        steppers["ours-host"] = steppers["ours"]
-        order.insert(order.index("ddp"), "ours-host")
+    for wanted, name in ((args.host_completion, "ours-host"),
+                         (args.ready_at_launch, "ours-launch")):
+        if wanted:
+            steppers[name] = steppers["ours"]
+            order.insert(order.index("ddp"), name)
+    loop = runtime.current().background
 
     def run(name, steps):
         if name in leads:  # (the background thread reads it at each look)
@@ -209,6 +216,10 @@ def main():
         # (the optimizer looks it up at each submission)
         collectives.in_stream_order = (contextlib.nullcontext if name == "ours-host"
                                        else in_stream_order)
+        if name == "ours-launch":  # (read at each submission)
+            loop.lane_idle = lambda process_set_id, device: False
+        else:
+            vars(loop).pop("lane_idle", None)
         return timed_steps(*steppers[name], x, y, steps)
 
     for name in order:
@@ -222,6 +233,7 @@ def main():
             times[name].append(statistics.median(run(name, args.block)))
     background.DEVICE_HOLD_LEAD = leads["ours"]
     collectives.in_stream_order = in_stream_order
+    vars(loop).pop("lane_idle", None)
 
     # A synchronous step takes as long as the slowest rank's: per round, the max over ranks.
     everyone = hvd.allgather_object(times)
