@@ -442,6 +442,12 @@ def test_an_nccl_allreduce_teaches_its_lane_how_long_it_ran_on_the_device(host_k
         waits.append(waiting)
     assert waits[0].timing[2] is waits[1].timing[2]  # one lane, one CallTimes
     assert times.predict(8000) == pytest.approx(0.5 + 8000 / 1e6)
+    # Empty tensors: no NCCL call, nothing to learn from.
+    empty = [_entry(pb.ALLREDUCE, np.ones(0, np.float32)) for _ in range(2)]
+    drive(ops.allreduce(_response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM), empty,
+                        ["a", "b"]))
+    assert all(e.done_event.timing is None for e in empty)
+    assert times.predict(8000) == pytest.approx(0.5 + 8000 / 1e6)
 
 
 def test_the_simulated_gpu_spends_stream_time_and_moves_nothing():

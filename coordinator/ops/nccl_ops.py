@@ -421,7 +421,7 @@ class NCCLOps:
                                         kind, post, divisor)
                     phases.mark("MEMCPY_OUT_FUSION_BUFFER")
             wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE", outputs, phases=phases,
-                                timing=(start, nbytes))
+                                timing=(start, nbytes) if nbytes else None)  # (no call: no lesson)
         yield from wait
         return outputs
 
