@@ -573,9 +573,12 @@ class Background:
         return False
 
     def lane_idle(self, process_set_id, device):
-        """Whether the lane of (process set, device) has nothing in flight
-        (read by submitting threads: a hint, not a promise)."""
-        return not self.executor.busy((process_set_id, device))
+        """Whether a submission to the lane of (process set, device) now would
+        start its next operation: nothing submitted on this rank waits for a
+        result, and the lane has nothing in flight (read by submitting
+        threads, before they push: a hint, not a promise)."""
+        return (self.queue.inflight_count() == 0
+                and not self.executor.busy((process_set_id, device)))
 
     def _holding_for_device(self, now):
         """Whether to hold the next cycle back: every tensor waiting for one

@@ -340,11 +340,12 @@ def record_pending():
 def record_ready(entries, idle=None):
     """Gives each entry on a device the ready point of the caller's stream
     there (one per device: a grouped submission shares it). No CUDA call
-    (ReadyPoint), unless `idle(process_set_id, device)` says the entry's
-    lane has nothing in flight: then its collective launches after one
-    negotiation cycle, and an event recorded at launch would also cover
-    every kernel the caller queues meanwhile (a step's first gradient: the
-    backward pass goes on), so it is recorded now."""
+    (ReadyPoint), unless `idle(process_set_id, device)` says this
+    submission would start the entry's lane's next operation
+    (Background.lane_idle): then it launches after one negotiation cycle,
+    and an event recorded at launch would also cover every kernel the
+    caller queues meanwhile (a step's first gradient: the backward pass
+    goes on), so it is recorded now."""
     points = {}
     for e in entries:
         if e.device < 0:

@@ -214,6 +214,26 @@ def test_a_flush_stops_the_hold_on_the_tensors_pushed_before_it():
     assert hold(state, 1.0)
 
 
+def test_a_submission_starts_the_lanes_next_operation_only_when_nothing_waits():
+    """Background.lane_idle, which decides whether a GPU submission records
+    its ready event at once: only while no entry of this rank waits for a
+    result and the lane of (process set, device) runs nothing."""
+    queue = TensorQueue()
+    busy = set()
+    state = types.SimpleNamespace(queue=queue, executor=types.SimpleNamespace(
+        busy=lambda lane: lane in busy))
+    idle = Background.lane_idle
+    assert idle(state, 0, 0)
+    busy.add((0, 0))
+    assert not idle(state, 0, 0) and idle(state, 1, 0) and idle(state, 0, 1)
+    busy.clear()
+    e = Entry("first", 1, device=0)
+    queue.push(e)  # a step's first gradient, not yet done
+    assert not idle(state, 0, 0) and not idle(state, 1, 0)
+    queue.complete(e, result=0)
+    assert idle(state, 0, 0)
+
+
 def test_a_thread_about_to_block_in_wait_calls_on_block_once_and_only_then():
     calls = []
     table = HandleTable(on_block=lambda: calls.append(table.waiting))
