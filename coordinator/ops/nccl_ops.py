@@ -386,11 +386,13 @@ class NCCLOps:
         kind, buf_kind, buf_dtype, ntype, op, divisor = self._reduction(response, lane)
         pre, post = response.prescale, response.postscale
         cp, stream = self.cp, lane.stream
+        total = sum(e.tensor.size for e in entries)
         with self._on(lane, entries):
-            start = gpu.record(stream, timed=True)  # (its inputs are ready here)
+            # Timed from here, where its inputs are ready (no call: nothing to time).
+            timing = ((gpu.record(stream, timed=True), total * buf_dtype.itemsize)
+                      if total else None)
             phases = self._phases(stream)
             outputs = self._outputs(response, entries)
-            nbytes = sum(e.tensor.size for e in entries) * buf_dtype.itemsize
             if len(entries) == 1 and buf_kind == kind:
                 src, out = entries[0].tensor, outputs[0]
                 if out.size:
@@ -405,23 +407,21 @@ class NCCLOps:
                     self.kernels.unpack(lane.tables, stream, out, [(out.data.ptr, out.size)],
                                         kind, kind, post, divisor)
                     phases.mark("POSTSCALE")
-            else:
-                total = sum(e.tensor.size for e in entries)
-                if total:
-                    buf = lane.buffer(cp, "reduce", total, buf_dtype)
-                    self.kernels.pack(lane.tables, stream,
-                                      [(e.tensor.data.ptr, e.tensor.size) for e in entries],
-                                      buf, kind, buf_kind, pre)
-                    phases.mark("MEMCPY_IN_FUSION_BUFFER")
-                    lane.comm.allReduce(buf.data.ptr, buf.data.ptr, total, ntype, op,
-                                        stream.ptr)
-                    phases.mark("NCCL_ALLREDUCE")
-                    self.kernels.unpack(lane.tables, stream, buf,
-                                        [(o.data.ptr, o.size) for o in outputs], buf_kind,
-                                        kind, post, divisor)
-                    phases.mark("MEMCPY_OUT_FUSION_BUFFER")
+            elif total:
+                buf = lane.buffer(cp, "reduce", total, buf_dtype)
+                self.kernels.pack(lane.tables, stream,
+                                  [(e.tensor.data.ptr, e.tensor.size) for e in entries],
+                                  buf, kind, buf_kind, pre)
+                phases.mark("MEMCPY_IN_FUSION_BUFFER")
+                lane.comm.allReduce(buf.data.ptr, buf.data.ptr, total, ntype, op,
+                                    stream.ptr)
+                phases.mark("NCCL_ALLREDUCE")
+                self.kernels.unpack(lane.tables, stream, buf,
+                                    [(o.data.ptr, o.size) for o in outputs], buf_kind,
+                                    kind, post, divisor)
+                phases.mark("MEMCPY_OUT_FUSION_BUFFER")
             wait = self._finish(lane, entries, names, "NCCL_ALLREDUCE", outputs, phases=phases,
-                                timing=(start, nbytes) if nbytes else None)  # (no call: no lesson)
+                                timing=timing)
         yield from wait
         return outputs
 
