@@ -170,9 +170,9 @@ class Background:
         self.timeline = parts.timeline
         self.channel = parts.channel
         self.cycle = parts.cycle
-        # (early: its GPU operations are handed out once queued, for the
-        # entries that take their results in stream order: _complete_queued)
-        self.executor = Executor(early=True)
+        # (its GPU operations are handed out once queued, for the entries
+        # that take their results in stream order: _complete_queued)
+        self.executor = Executor()
         self.is_coordinator = self.rank == 0
         self.cache = WorkerCache()
         self.cache_enabled = cfg.cache_capacity > 0

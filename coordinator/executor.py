@@ -98,11 +98,10 @@ class Executor:
     # BURST seconds.
     BURST = 100e-6
 
-    def __init__(self, early=False):
+    def __init__(self):
         self._lanes = collections.OrderedDict()  # lane -> deque of Operation
-        # With `early`, operations whose work is all queued on a device are
-        # handed out by take_queued() before they finish.
-        self._early = early
+        # Operations whose work is all queued on a device, handed out by
+        # take_queued() before they finish.
         self._queued = []
         # Steps taken (a call finished and the next started) since the caller
         # last looked: a long collective makes progress long before it is done.
@@ -158,15 +157,14 @@ class Executor:
         before = op.steps
         finished = op.advance()
         self.steps += op.steps - before
-        if (not finished and self._early and not op.handed_out
-                and op.queued_results is not None):
+        if not finished and not op.handed_out and op.queued_results is not None:
             op.handed_out = True
             self._queued.append(op)
         return finished
 
     def take_queued(self):
-        """Operations (with `early`) whose work has all been queued on a
-        device since the last call: their results are valid in stream order."""
+        """Operations whose work has all been queued on a device since the
+        last call: their results are valid in stream order."""
         queued, self._queued = self._queued, []
         return queued
 

@@ -1,7 +1,7 @@
 """The executor drives operations without blocking (coordinator/executor.py):
 each progress call tests the operations in flight again and again for up to
 Executor.BURST, whether they wait for MPI or for a device, and returns as
-soon as one has finished or (with early completion) has all its work queued."""
+soon as one has finished or has all its work queued on a device."""
 
 import math
 import time
@@ -70,20 +70,20 @@ def test_an_operation_that_finishes_during_the_burst_is_returned_by_that_call():
     assert done.results == ["done"] and not ex
 
 
-def test_with_early_completion_a_queued_operation_is_handed_out_at_once():
+def test_a_queued_operation_is_handed_out_at_once():
     waiting = Waitable(results=["queued"])  # never fires during the test
-    ex = Executor(early=True)
+    ex = Executor()
     ex.start(_op((0, 0), waiting))
     (queued,) = ex.take_queued()
     assert queued.queued_results == ["queued"] and ex  # still in flight
     assert ex.progress() == [] and ex.take_queued() == []  # handed out once
 
 
-def test_with_early_completion_progress_returns_once_an_operation_is_queued():
+def test_progress_returns_once_an_operation_is_queued():
     """A GPU lane's first operation sends its NCCL id over MPI, then queues
     its work: the call that sees it queued returns so its handles complete."""
     id_sent, device = Waitable(after=3), Waitable(results=["queued"])
-    ex = Executor(early=True)
+    ex = Executor()
     ex.start(_op((0, 0), id_sent, device))
     assert ex.progress() == []
     assert device.tests <= 1  # not polled on for the rest of the burst
