@@ -251,8 +251,10 @@ def main():
               f"{args.rounds} rounds x {args.block} step(s) per implementation, rotating order, "
               f"OMPI_MCA_mpi_yield_when_idle={os.environ.get('OMPI_MCA_mpi_yield_when_idle', '')}")
         for name in order:
-            vs = (f", ratio to ddp {statistics.median(o / d for o, d in zip(slow[name], slow['ddp'])):.3f}"
-                  f" (of medians {med[name] / med['ddp']:.3f})" if name.startswith("ours") and name != "ours" else "")
+            vs = ""
+            if name.startswith("ours") and name != "ours":  # (ours itself: the line below)
+                per_round = statistics.median(o / d for o, d in zip(slow[name], slow["ddp"]))
+                vs = f", ratio to ddp {per_round:.3f} (of medians {med[name] / med['ddp']:.3f})"
             print(f"  {name:5s} median step {med[name] * 1e3:7.2f} ms{vs}")
         print(f"ratio ours/ddp = {statistics.median(ratios):.3f} (median of per-round ratios, "
               f"IQR {q1:.3f}-{q3:.3f}); ratio of medians {med['ours'] / med['ddp']:.3f}; "
