@@ -183,7 +183,12 @@ class Signal:
             return not self._lock.locked()
         got = self._lock.acquire(timeout=timeout)
         if got:
-            self._lock.release()  # stays set until clear(), like an Event
+            try:
+                self._lock.release()  # stays set until clear(), like an Event
+            except RuntimeError:
+                # A set() came between the acquire and this release (it saw
+                # the lock held) and released it already: it is set either way.
+                pass
         return got
 
 

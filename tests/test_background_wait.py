@@ -2,7 +2,9 @@
 polling instead of sleeping (coordinator/background.py): the handle table
 counts the blocked threads, and the loop's timeout follows that count."""
 
+import _thread
 import math
+import sys
 import threading
 import time
 import types
@@ -10,7 +12,7 @@ import types
 from coordinator import background
 from coordinator.background import Background, waited_spin_budget
 from coordinator.handles import HandleTable
-from coordinator.tensor_queue import Entry, TensorQueue
+from coordinator.tensor_queue import Entry, Signal, TensorQueue
 
 
 def _wait_until(predicate, seconds=10.0):
@@ -288,3 +290,67 @@ def test_a_thread_that_waits_releases_the_hold_on_what_was_pushed():
     assert not hold(state, 1.0)
     e.finish(0)
     waiter.join(10)
+
+
+class _SetInBetween:
+    """Signal's lock, with a set() from another thread landing right after
+    wait()'s acquire, before its release: an interpreter switch there (with
+    sys.setswitchinterval(1e-4) it killed a simulated training run's
+    background thread within a few hundred steps: 'release unlocked
+    lock')."""
+
+    def __init__(self, signal):
+        self.lock, self.signal = _thread.allocate_lock(), signal
+        self.lock.acquire()  # not set
+
+    def acquire(self, blocking=True, timeout=-1):
+        got = self.lock.acquire(blocking, timeout)
+        if got and blocking:  # wait(), not clear()
+            self.signal.set()
+        return got
+
+    def release(self):
+        self.lock.release()
+
+    def locked(self):
+        return self.lock.locked()
+
+
+def test_a_wake_up_that_lands_inside_wait_is_neither_an_error_nor_lost():
+    signal = Signal()
+    signal._lock = _SetInBetween(signal)
+    signal.set()
+    assert signal.wait(1.0)  # no RuntimeError
+    assert signal.wait(0)  # still set: the next wait returns at once
+    signal.clear()
+    assert not signal.wait(0)
+
+
+def test_wake_ups_from_many_threads_never_break_the_waiter():
+    """set() from several threads against wait()/clear() in a loop, with the
+    interpreter switching threads every microsecond."""
+    signal, stop, errors = Signal(), threading.Event(), []
+
+    def setter():
+        while not stop.is_set():
+            signal.set()
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=setter) for _ in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for _ in range(5000):
+            try:
+                signal.wait(0.001)
+                signal.clear()
+            except RuntimeError as exc:
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        sys.setswitchinterval(before)
+    assert not errors
