@@ -24,6 +24,7 @@ peers. It is handed its collaborators (`Collaborators`), not the runtime.
 import ctypes
 import dataclasses
 import logging
+import math
 import os
 import threading
 import time
@@ -182,6 +183,7 @@ class Background:
         self.fast = {}  # slot -> entry waiting for a cycle
         self._riding = {}  # slot -> entry whose data the cycle in flight carries
         self._held_since = None  # when this rank began holding a cycle for its GPU lane
+        self._hold_until = None  # when that hold should end (the loop wakes then)
         self.classic = []  # global-set entries to describe in the next round
         self.stream = []  # other sets' entries to describe to rank 0 now
         self.sent = {}  # key -> entry described in a round, not answered yet
@@ -427,8 +429,9 @@ class Background:
             timeout = self.config.idle_poll_interval
         if not self.cycle.in_flight and self.round is None:
             now = time.monotonic()
-            for until in (self._next_post, self._gap_until):
-                if until > now:  # the next cycle waits out its back-off or gap
+            hold = (self._hold_until or 0.0) if self.fast else 0.0
+            for until in (self._next_post, self._gap_until, hold):
+                if until > now:  # the next cycle waits out its back-off, gap or hold
                     timeout = min(timeout, until - now)
         return timeout
 
@@ -591,7 +594,10 @@ class Background:
         from how long its past operations took on the device): negotiating
         and queueing the next operation takes the host about that long, so
         it then starts on the device as the running one ends, instead of
-        that long after. Not once a frontend said no
+        that long after. The loop sleeps no longer than until then
+        (_hold_until, read by _timeout), where it would otherwise notice the
+        moment only at its next look, up to BACKOFF_MAX late. Not once a
+        frontend said no
         more are coming (TensorQueue.flush: the last gradient of a step):
         then the next operation is negotiated at once and queues its work
         behind the running one (executor.py), instead of starting only after
@@ -600,6 +606,7 @@ class Background:
         then. Only when this rank posts depends on it; what the cycle decides
         is the same on every rank."""
         held = bool(self.fast) and not self.flags & (FLAG_CLASSIC | FLAG_REPORT)
+        until = math.inf
         if held:
             flushed, devices = self.queue.flushed, set()
             for e in self.fast.values():
@@ -607,14 +614,19 @@ class Background:
                     held = False
                     break
                 devices.add(e.device)
-            held = held and all(self.executor.busy_for((0, device), now) > DEVICE_HOLD_LEAD
-                                for device in devices)
+            for device in devices if held else ():
+                left = self.executor.busy_for((0, device), now)
+                if left <= DEVICE_HOLD_LEAD:
+                    held = False
+                    break
+                until = min(until, now + left - DEVICE_HOLD_LEAD)
         if not held:
-            self._held_since = None
+            self._held_since = self._hold_until = None
             return False
         if self._held_since is None:
             self._held_since = now
-        return now - self._held_since < DEVICE_HOLD_MAX
+        self._hold_until = min(until, self._held_since + DEVICE_HOLD_MAX)
+        return now < self._hold_until
 
     def _post(self, now):
         flags = 0

@@ -77,7 +77,7 @@ class InFlight:
 def _loop_state(inflight, waiting, spin_waited, executor=()):
     """A Background with just what `_timeout` reads."""
     bg = Background.__new__(Background)
-    bg.queue = types.SimpleNamespace(inflight_count=lambda: inflight)
+    bg.queue = types.SimpleNamespace(inflight_count=lambda: inflight, flushed=0)
     bg.handles = types.SimpleNamespace(waiting=waiting)
     bg.executor = executor
     bg.cycle = types.SimpleNamespace(in_flight=False)
@@ -100,6 +100,7 @@ def _loop_state(inflight, waiting, spin_waited, executor=()):
     bg._fresh = False
     bg.fast = {}
     bg.sent = []
+    bg._held_since = bg._hold_until = None
     return bg
 
 
@@ -164,6 +165,31 @@ def test_the_hold_ends_as_the_lane_should_soon_be_free():
     assert hold(_loop([_entry(0), _entry(1)], busy={(0, 0): lead * 2, (0, 1): lead * 3}), 1.0)
     assert not hold(_loop([_entry(0), _entry(1)], busy={(0, 0): lead * 2, (0, 1): lead / 2}),
                     1.0)
+
+
+def test_a_held_loop_wakes_when_its_hold_should_end():
+    """A rank holding its cycle for a busy lane sleeps no longer than until
+    the lane should be within DEVICE_HOLD_LEAD of free, where the back-off
+    alone would notice that up to BACKOFF_MAX late; where the end cannot be
+    told it backs off as for any work in flight."""
+    lead, gap = background.DEVICE_HOLD_LEAD, background.BACKOFF_MAX / 5
+    long_ago = time.perf_counter() - 1.0
+
+    def held(busy_for):
+        state = _loop_state(1, 0, 0.0, InFlight())
+        state.executor.busy_for = lambda lane, now: busy_for
+        state.flags = 0
+        state.fast = {0: _entry(0)}
+        assert not state._post_due(time.monotonic())  # held
+        return state
+
+    assert 0 < held(lead + gap)._timeout(20, long_ago) <= gap
+    assert held(math.inf)._timeout(20, long_ago) == background.BACKOFF_MAX
+    # Once the hold is over (nothing waits any more), its end wakes nobody.
+    over = held(lead + gap)
+    over.fast = {}
+    over._post_due(time.monotonic())
+    assert over._timeout(20, long_ago) == background.BACKOFF_MAX
 
 
 def _entry(device, pset=0, seq=0):
