@@ -117,6 +117,11 @@ class Config:
     # runs the background loop itself while the background thread sleeps
     # (Background.drive; seconds, 0: never).
     drive_seconds: float = 200e-6
+    # While GPU work is in flight, the interpreter's switch interval
+    # (sys.setswitchinterval) is at most this (seconds; 0: left as it is):
+    # about how long a frontend thread waits for the interpreter lock while
+    # the background thread polls (background.SwitchInterval).
+    switch_interval: float = 100e-6
     # End this rank when the process that launched it (prterun/prted) dies;
     # coordrun sets it for every rank (launcher_watch.py).
     exit_with_launcher: bool = False
@@ -161,4 +166,6 @@ class Config:
             exit_with_launcher=_bool(env, "COORDINATOR_EXIT_WITH_LAUNCHER", False),
             drive_seconds=_number(env, "COORDINATOR_DRIVE_SECONDS", cls.drive_seconds, float,
                                   0.0),
+            switch_interval=_number(env, "COORDINATOR_SWITCH_INTERVAL", cls.switch_interval,
+                                    float, 0.0),
         )

@@ -172,6 +172,11 @@ class Executor:
         """Whether `lane` has an operation in flight."""
         return lane in self._lanes
 
+    def on_device(self):
+        """Whether any operation in flight runs on a GPU (a lane whose device
+        is one)."""
+        return any(device >= 0 for _, device in self._lanes)
+
     def busy_for(self, lane, now):
         """Seconds (from `now`, time.monotonic()) until the operations of
         `lane` should be done on their device: 0 with none in flight; inf

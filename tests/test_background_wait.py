@@ -9,6 +9,8 @@ import threading
 import time
 import types
 
+import pytest
+
 from coordinator import background
 from coordinator.background import Background, waited_spin_budget
 from coordinator.handles import HandleTable
@@ -380,3 +382,37 @@ def test_wake_ups_from_many_threads_never_break_the_waiter():
             t.join()
         sys.setswitchinterval(before)
     assert not errors
+
+
+def test_the_switch_interval_is_short_only_while_asked_and_put_back():
+    """background.SwitchInterval: at most the setting while shortened (GPU
+    work in flight); the program's own otherwise, unless the program
+    changed it meanwhile; left alone when the setting is 0 or no shorter."""
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(5e-3)
+        switch = background.SwitchInterval(100e-6)
+        switch.shorten(True)
+        assert sys.getswitchinterval() == pytest.approx(100e-6) and switch.shortened
+        switch.shorten(True)
+        switch.shorten(False)
+        assert sys.getswitchinterval() == pytest.approx(5e-3) and not switch.shortened
+        background.SwitchInterval(0).shorten(True)  # 0: untouched
+        assert sys.getswitchinterval() == pytest.approx(5e-3)
+        sys.setswitchinterval(50e-6)
+        background.SwitchInterval(100e-6).shorten(True)  # already shorter: untouched
+        assert sys.getswitchinterval() == pytest.approx(50e-6)
+        sys.setswitchinterval(5e-3)
+        switch.shorten(True)
+        sys.setswitchinterval(1e-3)  # the program's own choice, made meanwhile
+        switch.shorten(False)
+        assert sys.getswitchinterval() == pytest.approx(1e-3)
+        switch.shorten(True)
+        switch.seconds = 200e-6  # changed while in force: the next call applies it
+        switch.shorten(True)
+        assert sys.getswitchinterval() == pytest.approx(200e-6)
+        switch.seconds = 0  # 0 while in force: the program's own again
+        switch.shorten(True)
+        assert sys.getswitchinterval() == pytest.approx(1e-3) and not switch.shortened
+    finally:
+        sys.setswitchinterval(before)

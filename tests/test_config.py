@@ -44,6 +44,12 @@ def test_autotune_knobs_and_thread_affinity():
     assert cfg.thread_affinity == (3, 1)
 
 
+def test_the_switch_interval_setting():
+    assert Config.from_env({}).switch_interval == 100e-6
+    assert Config.from_env({"COORDINATOR_SWITCH_INTERVAL": "5e-5"}).switch_interval == 5e-5
+    assert Config.from_env({"COORDINATOR_SWITCH_INTERVAL": "0"}).switch_interval == 0
+
+
 @pytest.mark.parametrize("key,value,fragment", [
     ("HOROVOD_THREAD_AFFINITY", "0,x", "is not a comma-separated list of core ids"),
     ("HOROVOD_THREAD_AFFINITY", "-2", "core ids are 0 or more"),
@@ -52,6 +58,7 @@ def test_autotune_knobs_and_thread_affinity():
     ("HOROVOD_FUSION_THRESHOLD", "-1", "must be at least 0"),
     ("HOROVOD_STALL_CHECK_DISABLE", "maybe", "is not a boolean"),
     ("HOROVOD_LOG_LEVEL", "loud", "is not one of"),
+    ("COORDINATOR_SWITCH_INTERVAL", "-1e-4", "must be at least 0"),
 ])
 def test_bad_values_name_the_variable(key, value, fragment):
     with pytest.raises(ValueError) as info:

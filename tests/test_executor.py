@@ -220,3 +220,19 @@ def test_busy_for_says_how_long_a_lane_should_stay_busy(device_clock):
     assert ex.busy_for((0, 0), now + 10.0) == 0.0  # overdue: expected no longer busy
     ex.start(_op((0, 0), Waitable()))  # a third, not started
     assert ex.busy_for((0, 0), now) == math.inf
+
+
+def test_on_device_says_whether_any_operation_in_flight_runs_on_a_gpu():
+    """Executor.on_device (the background thread keeps the interpreter's
+    switch interval short while it is true): lanes are (process set,
+    device), a host lane's device -1."""
+    ex = Executor()
+    assert not ex.on_device()
+    host = Waitable(after=2)
+    ex.start(_op((0, -1), host))
+    assert not ex.on_device()
+    gpu_wait = Waitable(after=2)
+    ex.start(_op((1, 0), gpu_wait))
+    assert ex.on_device()
+    ex.progress()  # both ready now
+    assert not ex and not ex.on_device()

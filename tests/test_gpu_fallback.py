@@ -737,6 +737,7 @@ def test_nccl_host_aware_allreduce_on_two_simulated_hosts_at_np4(case, setting):
     ("a_grouped_allreduce_and_a_broadcast_complete_early_too", "1", "early"),
     ("without_it_a_handle_waits_for_the_device", "0", "late"),
     ("in_stream_order_a_handle_completes_once_queued_the_others_later", "0", "late"),
+    ("the_switch_interval_is_short_only_while_gpu_work_is_in_flight", "0", "late"),
     ("waiting_for_a_held_tensor_queues_it_behind_the_running_call", "0", "hold"),
     ("a_held_tensor_goes_shortly_before_the_running_call_should_end", "0", "hold"),
     ("a_failure_after_early_completion_stops_the_job_naming_the_setting", "1", "failing"),
@@ -749,11 +750,13 @@ def test_async_completion_on_device_arrays_at_np2(case, setting, job):
     (collectives.in_stream_order), and a failure after that stops the job
     either way. Without it, a tensor held back for the busy lane is queued behind the
     running call once a thread waits for it, or once that call should end
-    within DEVICE_HOLD_LEAD ("hold")."""
+    within DEVICE_HOLD_LEAD ("hold"). And the interpreter's switch interval
+    is short only while GPU work is in flight."""
     cases = {"early": "with_it_a_handle_completes_once_queued_and_the_stream_waits,"
                       "a_grouped_allreduce_and_a_broadcast_complete_early_too",
              "late": "without_it_a_handle_waits_for_the_device,"
-                     "in_stream_order_a_handle_completes_once_queued_the_others_later",
+                     "in_stream_order_a_handle_completes_once_queued_the_others_later,"
+                     "the_switch_interval_is_short_only_while_gpu_work_is_in_flight",
              "hold": "a_held_tensor_goes_shortly_before_the_running_call_should_end,"
                      "waiting_for_a_held_tensor_queues_it_behind_the_running_call",
              "failing": "a_failure_after_early_completion_stops_the_job_naming_the_setting"}

@@ -74,7 +74,9 @@ def test_compare_ddp_host_profile_reports_each_implementation():
     pytest.importorskip("torch")
     proc = mpirun(["examples/torch/compare_ddp.py", "--rounds", "1", "--block", "1",
                    "--warmup", "1", "--batch-size", "16", "--threads", "1",
-                   "--host-profile", "2"], np_=2, env=torch_distributed_env(), timeout=240)
+                   "--host-profile", "2", "--hold-lead", "1", "--switch-interval", "0",
+                   "--host-completion", "--ready-at-launch"],
+                  np_=2, env=torch_distributed_env(), timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     for rank in (0, 1):
@@ -87,3 +89,7 @@ def test_compare_ddp_host_profile_reports_each_implementation():
                           r"[\d.]+ ms a step", out)) == 2, out
     assert out.count("no submissions timed") == 4, out
     assert len(re.findall(r"        coordinator-background: \d+ samples", out)) >= 2, out
+    # The variants of ours, each in the rotation against DDP (rank 0 prints them).
+    for name in ("ours@1", "ours~0", "ours-host", "ours-launch"):
+        assert re.search(rf"  {re.escape(name)}\s+median step\s+[\d.]+ ms, ratio to ddp [\d.]+",
+                         out), out

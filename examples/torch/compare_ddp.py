@@ -156,6 +156,11 @@ def main():
                              "for its busy GPU lane until MS milliseconds before the lane should "
                              "be free (coordinator.background.DEVICE_HOLD_LEAD; 'ours' keeps the "
                              "default), in the same rotation")
+    parser.add_argument("--switch-interval", default="", metavar="US[,US...]",
+                        help="also run ours as 'ours~US' for each value: the interpreter's "
+                             "switch interval at most US microseconds while GPU work is in "
+                             "flight (COORDINATOR_SWITCH_INTERVAL; 0: Python's own; 'ours' "
+                             "keeps the setting), in the same rotation")
     parser.add_argument("--host-completion", action="store_true",
                         help="also run ours as 'ours-host': DistributedOptimizer's gradients "
                              "complete when the host has seen their NCCL calls end, not in "
@@ -203,16 +208,25 @@ def main():
         steppers[name] = steppers["ours"]
         order.insert(order.index("ddp"), name)
 
+    loop = runtime.current().background
+    switches = {"ours": loop._switch.seconds}
+    for us in filter(None, args.switch_interval.split(",")):
+        name = f"ours~{us}"
+        switches[name] = float(us) * 1e-6
+        steppers[name] = steppers["ours"]
+        order.insert(order.index("ddp"), name)
+
     for wanted, name in ((args.host_completion, "ours-host"),
                          (args.ready_at_launch, "ours-launch")):
         if wanted:
             steppers[name] = steppers["ours"]
             order.insert(order.index("ddp"), name)
-    loop = runtime.current().background
 
     def run(name, steps):
         if name in leads:  # (the background thread reads it at each look)
             background.DEVICE_HOLD_LEAD = leads[name]
+        if name in switches:  # (read after each turn of the loop)
+            loop._switch.seconds = switches[name]
         # (the optimizer looks it up at each submission)
         collectives.in_stream_order = (contextlib.nullcontext if name == "ours-host"
                                        else in_stream_order)
@@ -232,6 +246,7 @@ def main():
             hvd.barrier()
             times[name].append(statistics.median(run(name, args.block)))
     background.DEVICE_HOLD_LEAD = leads["ours"]
+    loop._switch.seconds = switches["ours"]
     collectives.in_stream_order = in_stream_order
     vars(loop).pop("lane_idle", None)
 

@@ -34,7 +34,10 @@
 #          completed on the host, not in stream order ('ours-host',
 #          --host-completion), and with an idle lane's ready events
 #          recorded at launch, not at submission ('ours-launch',
-#          --ready-at-launch), all in one rotation; name it
+#          --ready-at-launch), and with the interpreter's switch interval
+#          left at Python's 5 ms ('ours~0') or at 50 us ('ours~50') while GPU
+#          work is in flight, not 100 us (--switch-interval 0,50), all in one
+#          rotation; name it
 #   l50    the same with ResNet-50
 # Each part has a time limit, so one that hangs leaves time for the rest;
 # on 2026-11-27 each took 15-22 s there (the machine's start about 30 s more).
@@ -60,8 +63,8 @@ for part in "${parts[@]}"; do
     r50) limit=150 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6' keep=6 ;;
     a18) limit=120 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet18 --device cuda --ddp-backend nccl --batch-size 32 --rounds 8 --async-completion' keep=6 ;;
     a50) limit=150 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6 --async-completion' keep=6 ;;
-    l18) limit=150 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet18 --device cuda --ddp-backend nccl --batch-size 32 --rounds 8 --hold-lead 0,1,4 --host-completion --ready-at-launch' keep=11 ;;
-    l50) limit=200 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6 --hold-lead 0,1,4 --host-completion --ready-at-launch' keep=11 ;;
+    l18) limit=170 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet18 --device cuda --ddp-backend nccl --batch-size 32 --rounds 8 --hold-lead 0,1,4 --host-completion --ready-at-launch --switch-interval 0,50' keep=13 ;;
+    l50) limit=230 cmd='$MPIRUN2 $PY examples/torch/compare_ddp.py --model resnet50 --device cuda --ddp-backend nccl --batch-size 32 --rounds 6 --hold-lead 0,1,4 --host-completion --ready-at-launch --switch-interval 0,50' keep=13 ;;
     p18|p50) limit=120 model=resnet${part#p}
       cmd="\$MPIRUN2 \$PY examples/torch/compare_ddp.py --model $model --device cuda --ddp-backend nccl --batch-size 32 --rounds 2 --profile 3 --profile-dir /tmp/$part" keep=40 ;;
     h18|h50) limit=90 model=resnet${part#h}

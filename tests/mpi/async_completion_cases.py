@@ -129,6 +129,32 @@ def case_without_it_a_handle_waits_for_the_device(hvd):
     _lane_idle(hvd)
 
 
+def _switch_interval_becomes(seconds):
+    deadline = time.monotonic() + 30
+    while abs(sys.getswitchinterval() - seconds) > 1e-7:
+        assert time.monotonic() < deadline, (
+            f"the switch interval stayed {sys.getswitchinterval()}, not {seconds}")
+        time.sleep(0.001)
+
+
+def case_the_switch_interval_is_short_only_while_gpu_work_is_in_flight(hvd):
+    """COORDINATOR_SWITCH_INTERVAL (100 us) while an NCCL call runs, so that
+    a thread that needs the interpreter lock (a gradient hook) gets it soon
+    from the polling background thread; the program's own otherwise."""
+    me = hvd.rank()
+    assert sys.getswitchinterval() == 5e-3  # Python's default: nothing in flight
+    hvd.allreduce(np.full(2, me, np.float32), name="switch.host")  # a host operation
+    assert sys.getswitchinterval() == 5e-3
+    handle = hvd.allreduce_async(FakeDeviceArray.of(np.full(3, me, np.float32)), op=hvd.Sum,
+                                 name="switch.device")
+    wait = _done_wait(hvd, handle)
+    _switch_interval_becomes(100e-6)
+    _fire(wait)
+    hvd.synchronize(handle)
+    _lane_idle(hvd)
+    _switch_interval_becomes(5e-3)
+
+
 def case_in_stream_order_a_handle_completes_once_queued_the_others_later(hvd):
     """Without the setting, a device tensor submitted inside
     collectives.in_stream_order (as DistributedOptimizer submits its
