@@ -1340,13 +1340,18 @@ class Background:
             self._streamed -= 1
         if self.sent.get(e.key) is e:
             del self.sent[e.key]
+        self._leave_cycle(e)
+        self.queue.complete(e, result=result, error=error)
+        self._completed = True
+
+    def _leave_cycle(self, e):
+        """`e` no longer waits in a cycle slot (if it did): its bit is
+        cleared before the next cycle is posted."""
         if e.cache_id:
             slot = self.slots.slot(e.cache_id)
             if slot is not None and self.fast.get(slot) is e:
                 del self.fast[slot]
                 self.cycle.clear(slot)
-        self.queue.complete(e, result=result, error=error)
-        self._completed = True
 
     def _execute(self, resp, entries=None):
         """Runs a response over `entries` (by default, what _collect finds)."""
@@ -1357,6 +1362,15 @@ class Background:
             except HorovodInternalError as exc:
                 self.parts.fatal(exc)
                 return
+            # A round may run a tensor that waits in a cycle slot (a report
+            # described it): it leaves the slot now, not once it completes.
+            # Else the next cycle would post its bit and data again while it
+            # runs, and where the other ranks' next tensors of that name had
+            # set theirs, one rank's result would mix this step's data with
+            # the next (seen with a rank late past the stall shutdown time).
+            for e in entries:
+                if self._mine(e):
+                    self._leave_cycle(e)
         if resp.error:
             kind = ERROR_TYPES.get(resp.error_kind, HorovodInternalError)
             for e in entries:

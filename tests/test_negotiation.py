@@ -1,6 +1,8 @@
 """The cycle's slot table without MPI: which cached tensors ride in the
 cycle's payload, where, and what the digest covers."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -177,3 +179,55 @@ def test_a_cycle_runs_again_and_again_with_or_without_persistent_collectives(per
         cycle.payload_out(21)
     cycle.close()
     assert cycle._bits_request is None and not cycle._payload_requests
+
+
+class _Bits:
+    """A cycle's bits (control_channel.Cycle.set/clear), without MPI."""
+
+    def __init__(self):
+        self.bits = 0
+
+    def set(self, slot):
+        self.bits |= 1 << slot
+
+    def clear(self, slot):
+        self.bits &= ~(1 << slot)
+
+
+def test_a_tensor_a_round_runs_leaves_its_cycle_slot_at_once():
+    """A round may run a tensor that waits in a cycle slot (a report described
+    it); it leaves the slot as its operation starts, not once it completes.
+    Else the next cycle posts its bit and data again while it runs, and
+    where the other ranks' next tensors of that name had set theirs, a rank
+    mixed one step's data with the next (seen at np=3 with a rank late past
+    the stall shutdown time, again and again)."""
+    from coordinator.background import Background
+    from coordinator.executor import Executor
+    from coordinator.tensor_queue import Entry, TensorQueue
+
+    class Never:
+        def ready(self):
+            return False
+
+    def running(resp, entries, shown, **kwargs):
+        yield Never()  # the operation stays in flight
+        return [None]
+
+    e = Entry("k", pb.ALLREDUCE, tensor=np.ones(4))
+    queue = TensorQueue()
+    queue.push(e)
+    queue.drain()
+    e.cache_id = 7
+    bg = Background.__new__(Background)
+    bg.stats = {"responses": 0}
+    bg.queue, bg.executor = queue, Executor()
+    bg.slots = types.SimpleNamespace(slot=lambda cache_id: 3 if cache_id == 7 else None)
+    bg.fast, bg.cycle = {3: e}, _Bits()
+    bg.cycle.set(3)
+    bg._collect = lambda resp: [e]
+    bg.timeline = types.SimpleNamespace(enabled=False)
+    bg.ops = types.SimpleNamespace(run=running)
+    bg.config = types.SimpleNamespace(async_completion=False)
+    bg._execute(pb.Response(op=pb.ALLREDUCE, names=["k"]))
+    assert bg.executor and not e.done  # running
+    assert bg.fast == {} and bg.cycle.bits == 0  # and out of the cycle already
