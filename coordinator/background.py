@@ -374,7 +374,10 @@ class Background:
                     raise self._driver_error
                 wakeup.clear()
                 worked = self._turn()
-                self._switch.shorten(self.executor.on_device())
+                if worked or self._handover is not None:
+                    # (operations start and end only in a turn that works, or
+                    # in one a frontend thread drove: an idle turn skips this)
+                    self._switch.shorten(self.executor.on_device())
                 if self._handover is not None:
                     # A frontend thread drove the loop and left work to this
                     # one: poll as after progress of its own, not backing off.
