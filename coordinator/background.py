@@ -231,8 +231,9 @@ class Background:
         self.fast = {}  # slot -> entry waiting for a cycle
         self._riding = {}  # slot -> entry whose data the cycle in flight carries
         self._held_since = None  # when this rank began holding a cycle for its GPU lane
-        self._switch = SwitchInterval(cfg.switch_interval)
         self._hold_until = None  # when that hold should end (the loop wakes then)
+        # (public: compare_ddp.py runs ours at other intervals through it)
+        self.switch_interval = SwitchInterval(cfg.switch_interval)
         self.classic = []  # global-set entries to describe in the next round
         self.stream = []  # other sets' entries to describe to rank 0 now
         self.sent = {}  # key -> entry described in a round, not answered yet
@@ -342,7 +343,7 @@ class Background:
                 f"rank {self.rank}: the coordinator's background thread failed: {exc!r}"))
         finally:
             self.finished = True
-            self._switch.shorten(False)
+            self.switch_interval.shorten(False)
             # Nothing may wait for a thread that is gone.
             self.queue.fail_remaining(lambda e: ShutdownError(
                 f"{e.describe()}: the coordinator stopped before it completed"))
@@ -377,7 +378,7 @@ class Background:
                 if worked or self._handover is not None:
                     # (operations start and end only in a turn that works, or
                     # in one a frontend thread drove: an idle turn skips this)
-                    self._switch.shorten(self.executor.on_device())
+                    self.switch_interval.shorten(self.executor.on_device())
                 if self._handover is not None:
                     # A frontend thread drove the loop and left work to this
                     # one: poll as after progress of its own, not backing off.

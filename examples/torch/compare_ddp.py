@@ -209,7 +209,7 @@ def main():
         order.insert(order.index("ddp"), name)
 
     loop = runtime.current().background
-    switches = {"ours": loop._switch.seconds}
+    switches = {"ours": loop.switch_interval.seconds}
     for us in filter(None, args.switch_interval.split(",")):
         name = f"ours~{us}"
         switches[name] = float(us) * 1e-6
@@ -226,7 +226,7 @@ def main():
         if name in leads:  # (the background thread reads it at each look)
             background.DEVICE_HOLD_LEAD = leads[name]
         if name in switches:  # (read after each turn of the loop)
-            loop._switch.seconds = switches[name]
+            loop.switch_interval.seconds = switches[name]
         # (the optimizer looks it up at each submission)
         collectives.in_stream_order = (contextlib.nullcontext if name == "ours-host"
                                        else in_stream_order)
@@ -246,7 +246,7 @@ def main():
             hvd.barrier()
             times[name].append(statistics.median(run(name, args.block)))
     background.DEVICE_HOLD_LEAD = leads["ours"]
-    loop._switch.seconds = switches["ours"]
+    loop.switch_interval.seconds = switches["ours"]
     collectives.in_stream_order = in_stream_order
     vars(loop).pop("lane_idle", None)
 
