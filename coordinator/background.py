@@ -484,6 +484,8 @@ class Background:
             timeout = self.config.idle_poll_interval
         if not self.cycle.in_flight and self.round is None:
             now = time.monotonic()
+            # (_hold_until is set where _post_due asked _holding_for_device,
+            # which it does not ask once nothing waits: then it is stale)
             hold = (self._hold_until or 0.0) if self.fast else 0.0
             for until in (self._next_post, self._gap_until, hold):
                 if until > now:  # the next cycle waits out its back-off, gap or hold
