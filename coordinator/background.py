@@ -44,7 +44,7 @@ from coordinator.fusion import copy_scaled
 from coordinator.liveness import describe_dead
 from coordinator.negotiation import (FLAG_CLASSIC, FLAG_FRESH, FLAG_PENDING, FLAG_REPORT,
                                      SlotTable, complete_groups, plan_ready)
-from coordinator.ops_names import display_name, op_name
+from coordinator.ops_names import display_name, format_ranks, op_name
 from coordinator.response_cache import WorkerCache
 from coordinator.stall_inspector import StallInspector
 from coordinator.tensor_queue import Entry
@@ -58,7 +58,10 @@ ERROR_TYPES = {
     pb.STALL: StallError,
     pb.INVALID: HorovodInternalError,
     pb.INTERNAL: HorovodInternalError,
+    pb.BROKEN: HorovodInternalError,
 }
+# Shutdowns that fail every rank at once with the reason as the error.
+FATAL_KINDS = (pb.STALL, pb.BROKEN)
 
 # Seconds shutdown() waits for every rank to confirm.
 SHUTDOWN_TIMEOUT = 30.0
@@ -339,8 +342,9 @@ class Background:
                     "never complete"))
                 return
             log.exception("coordinator background thread failed")
-            self.parts.fatal(HorovodInternalError(
-                f"rank {self.rank}: the coordinator's background thread failed: {exc!r}"))
+            text = f"rank {self.rank}: the coordinator's background thread failed: {exc!r}"
+            self._tell_as_thread_dies(text)
+            self.parts.fatal(HorovodInternalError(text))
         finally:
             self.finished = True
             self.switch_interval.shorten(False)
@@ -1077,6 +1081,9 @@ class Background:
                 # A worker gave up on this rank (it was stopped): so does the job.
                 self._stall_shutdown(f"rank {source}: {msg.shutdown_reason}")
                 return True
+            if msg.shutdown and msg.shutdown_kind == pb.BROKEN:
+                self._stall_shutdown(msg.shutdown_reason, pb.BROKEN)
+                return True
             if msg.shutdown:
                 ctl.request_shutdown(source, msg.shutdown_reason)
             if msg.report:
@@ -1161,8 +1168,8 @@ class Background:
             msg.ParseFromString(payload)
             worked = True
             self.watch.heard()
-            if msg.shutdown and msg.shutdown_kind == pb.STALL:
-                self._die(StallError(msg.shutdown_reason))
+            if msg.shutdown and msg.shutdown_kind in FATAL_KINDS:
+                self._die(ERROR_TYPES[msg.shutdown_kind](msg.shutdown_reason))
                 return True
             if msg.ping:
                 self._pinged = True
@@ -1257,9 +1264,7 @@ class Background:
                 log.warning("rank %d: %s", self.rank, warning)
             if fatal:
                 # Rank 0 reads this when (if) it runs again, and fails too.
-                notice = pb.RequestList(shutdown=True, shutdown_reason=fatal,
-                                        shutdown_kind=pb.STALL)
-                self.channel.send(0, TAG_REQUEST, notice.SerializeToString())
+                self._tell_everyone(fatal, pb.STALL)
                 self._die(StallError(fatal))
                 return True
         return sent
@@ -1270,16 +1275,61 @@ class Background:
             return f"{op_name(op.response.op)} of tensor '{op.names[0]}'"
         return "work submitted to it"
 
-    def _stall_shutdown(self, text):
+    def _stall_shutdown(self, text, kind=pb.STALL):
         """A member stopped answering in the middle of a collective (or a
-        cycle): its peers can never finish it, so the job fails on every rank
-        that can still hear rank 0."""
+        cycle), or failed one every member had agreed to run (BROKEN): its
+        peers can never finish it, so the job fails on every rank that can
+        still hear rank 0."""
         log.error("%s", text)
-        msg = pb.ResponseList(shutdown=True, shutdown_reason=text, shutdown_kind=pb.STALL)
-        payload = msg.SerializeToString()
-        for rank in range(1, self.size):
-            self.channel.send(rank, TAG_RESPONSE, payload)
-        self._die(StallError(text))
+        self._tell_everyone(text, kind)
+        self._die(ERROR_TYPES[kind](text))
+
+    def _tell_everyone(self, text, kind):
+        """The job fails with `text` as a `kind` error: rank 0 tells every
+        worker; a worker tells rank 0, which tells the others."""
+        if self.is_coordinator:
+            payload = pb.ResponseList(shutdown=True, shutdown_reason=text,
+                                      shutdown_kind=kind).SerializeToString()
+            for rank in range(1, self.size):
+                self.channel.send(rank, TAG_RESPONSE, payload)
+        else:
+            notice = pb.RequestList(shutdown=True, shutdown_reason=text, shutdown_kind=kind)
+            self.channel.send(0, TAG_REQUEST, notice.SerializeToString())
+
+    def _break(self, resp, text):
+        """This rank cannot take its part in `resp`, which every member
+        agreed to run: the others may be in it already and would wait for
+        this rank forever (and the communicator's order is lost), so the job
+        fails on every rank with `text`. Where no other rank takes part, or
+        the job is shutting down anyway, this rank alone fails."""
+        others = self._partners(resp)
+        if others and not self.stopping:
+            text = (f"{text}. Every member had agreed to run it, so {format_ranks(others)} "
+                    f"cannot finish it without rank {self.rank}: the job cannot go on")
+            self._tell_everyone(text, pb.BROKEN)
+        self._die(HorovodInternalError(text))
+
+    def _tell_as_thread_dies(self, text):
+        """Best effort, as this thread dies of `text`: the other ranks fail at
+        once instead of waiting for this rank in a collective, or a cycle,
+        that it will never finish."""
+        if self.stopping or self.size == 1:
+            return
+        try:
+            self._tell_everyone(text, pb.BROKEN)
+            deadline = time.monotonic() + 1.0  # nothing will drive the sends after this
+            while self.channel.progress() and time.monotonic() < deadline:
+                time.sleep(1e-3)
+        except Exception:  # the control plane may be what failed
+            log.debug("rank %d could not tell the others", self.rank, exc_info=True)
+
+    def _partners(self, resp):
+        """The other ranks that take part in `resp`."""
+        if resp.op == pb.P2P:
+            ranks = resp.ranks
+        else:
+            ranks = self.parts.members(resp.process_set_id) or ()
+        return sorted(set(ranks) - {self.rank})
 
     def _die(self, exc):
         """Leaves at once: collectives in flight are abandoned (a peer will
@@ -1366,7 +1416,7 @@ class Background:
             try:
                 entries = self._collect(resp)
             except HorovodInternalError as exc:
-                self.parts.fatal(exc)
+                self._break(resp, str(exc))
                 return
             # A round may run a tensor that waits in a cycle slot (a report
             # described it): it leaves the slot now, not once it completes.
@@ -1461,9 +1511,9 @@ class Background:
             names = ", ".join(f"'{n}'" for n in op.names)
             why = ("HOROVOD_ENABLE_ASYNC_COMPLETION" if self.config.async_completion else
                    "results taken in stream order, as DistributedOptimizer takes its gradients")
-            self._die(HorovodInternalError(
-                f"rank {self.rank}: {op_name(op.response.op)} of tensor(s) {names} failed "
-                f"after its handles had completed ({why}): {op.error}"))
+            self._break(op.response,
+                        f"rank {self.rank}: {op_name(op.response.op)} of tensor(s) {names} "
+                        f"failed after its handles had completed ({why}): {op.error}")
             return
         if op.error is not None:
             self._failed(op.response, op.entries, op.error)
@@ -1478,10 +1528,16 @@ class Background:
                 self._done(e, result=result)
 
     def _failed(self, resp, entries, exc):
-        """A failed call fails these tensors only."""
+        """This rank's part in `resp` failed (the backend raised): where
+        other ranks take part, the job cannot go on (_break); else it fails
+        these tensors only."""
         names = ", ".join(f"'{e.name}'" for e in entries if e is not None)
-        err = HorovodInternalError(
-            f"rank {self.rank}: {op_name(resp.op)} of tensor(s) {names} failed: {exc}")
+        text = (f"rank {self.rank}: {op_name(resp.op)} of tensor(s) {names} failed: "
+                f"{type(exc).__name__}: {exc}")
+        if self._partners(resp) and not self.stopping:
+            self._break(resp, text)
+            return
+        err = HorovodInternalError(text)
         for e in entries:
             if self._mine(e):
                 self._done(e, error=err)

@@ -79,3 +79,63 @@ def test_a_rank_stopped_between_steps_becomes_a_stall_error_on_every_rank():
     (line0,) = _lines(out, "RANK 0: StallError")
     assert "rank 1" in line0, line0
     assert "finished" not in out
+
+
+# Stall checks off: the error must not depend on the watchdog or a timeout.
+NO_STALL_CHECKS = {"HOROVOD_STALL_CHECK_DISABLE": "1"}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("where,np_,victim", [("start", 2, 1), ("run", 3, 0), ("start", 3, 2)])
+def test_a_collective_that_fails_on_one_rank_fails_every_rank_naming_it(where, np_, victim):
+    """The victim's backend raises as it runs an allreduce every rank agreed
+    to run (before any MPI call, or once started): the others would wait in
+    it forever. Every rank raises HorovodInternalError at that step, naming
+    the victim, the tensor and the cause, and the job ends; before, the
+    victim alone raised and the others hung."""
+    cause = "MemoryError: injected" if where == "start" else "RuntimeError: injected"
+    others = [r for r in range(np_) if r != victim]
+    _every_rank_fails_at_step_19(where, np_, victim, [
+        f"rank {victim}: allreduce of tensor(s) 'grad' failed: {cause}",
+        ("rank " if len(others) == 1 else "ranks ") + ", ".join(map(str, others))
+        + f" cannot finish it without rank {victim}: the job cannot go on"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_,victim", [(3, 1), (2, 0)])
+def test_a_background_thread_that_fails_fails_every_rank_naming_it(np_, victim):
+    """A bug kills the victim's background thread as it takes up an
+    operation: it tells the others as it dies, so they fail at once instead
+    of waiting in a collective it will never join."""
+    _every_rank_fails_at_step_19("thread", np_, victim, [
+        f"rank {victim}: the coordinator's background thread failed: "
+        "KeyError('injected: a bug in the background thread')"])
+
+
+def _every_rank_fails_at_step_19(where, np_, victim, expected):
+    start = time.monotonic()
+    proc = mpirun(["tests/scripts/failing_rank.py", where, str(victim)], np_=np_,
+                  env=NO_STALL_CHECKS, timeout=90)
+    out = proc.stdout + proc.stderr
+    assert time.monotonic() - start < 60, out
+    for rank in range(np_):
+        lines = _lines(out, f"RANK {rank}: HorovodInternalError at step 19:")
+        assert len(lines) == 1, out
+        for text in expected:
+            assert text in lines[0], (text, lines[0])
+    assert "finished" not in out, out
+
+
+@pytest.mark.mpi
+def test_a_failure_in_a_set_of_one_rank_fails_that_tensor_alone():
+    """No other rank takes part, so nobody waits: that tensor fails and the
+    job goes on, every rank finishing its training loop."""
+    proc = mpirun(["tests/scripts/failing_rank.py", "start", "1", "solo"], np_=3,
+                  env=NO_STALL_CHECKS, timeout=90)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    (line,) = _lines(out, "RANK 1: solo failed:")
+    assert "'alone' failed: MemoryError: injected" in line, line
+    assert "cannot finish" not in line, line
+    for rank in range(3):
+        assert f"RANK {rank}: finished" in out, out
