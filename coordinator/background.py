@@ -225,6 +225,9 @@ class Background:
         # (its GPU operations are handed out once queued, for the entries
         # that take their results in stream order: _complete_queued)
         self.executor = Executor()
+        # Operations started per lane, on every member alike (the watchdog
+        # compares them: watchdog.py).
+        self.lane_counts = {}
         self.is_coordinator = self.rank == 0
         self.cache = WorkerCache()
         self.cache_enabled = cfg.cache_capacity > 0
@@ -1087,8 +1090,11 @@ class Background:
             if msg.shutdown:
                 ctl.request_shutdown(source, msg.shutdown_reason)
             if msg.report:
-                self.watchdog.report(source, [(f.process_set_id, f.name, f.op, f.seconds)
-                                              for f in msg.in_flight])
+                self.watchdog.report(
+                    source, [(f.process_set_id, f.name, f.op, f.seconds, f.device, f.seq)
+                             for f in msg.in_flight],
+                    positions={(p.process_set_id, p.device): p.started
+                               for p in msg.positions})
                 self.channel.send(source, TAG_RESPONSE, b"")  # an empty answer: alive
                 self._woken = True  # a worker waits: take part in a cycle
             if msg.requests or msg.cached:
@@ -1213,12 +1219,15 @@ class Background:
         return self._watch_coordinator(now)
 
     def _own_ops(self):
+        """(set, name, op, start time, device, place in its lane) of what is
+        in flight here, for the watchdog."""
         ops = [(op.response.process_set_id, op.names[0] if op.names else "", op.response.op,
-                op.started) for op in self.executor.in_flight() if op.started is not None]
+                op.started, op.response.device, op.seq)
+               for op in self.executor.in_flight() if op.started is not None]
         if self.cycle.in_flight:
-            ops.append((0, NEGOTIATION, pb.BARRIER, self.cycle.posted_at))
+            ops.append((0, NEGOTIATION, pb.BARRIER, self.cycle.posted_at, -1, 0))
         elif self.round is not None:
-            ops.append((0, NEGOTIATION, pb.BARRIER, self._round_started))
+            ops.append((0, NEGOTIATION, pb.BARRIER, self._round_started, -1, 0))
         return ops
 
     def _watch_members(self, now):
@@ -1228,7 +1237,7 @@ class Background:
             return False
         self._next_watch = now + dog.period / 2
         members = self.controller.process_sets.get
-        pings, warnings, fatal = dog.inspect(self._own_ops(), members, now)
+        pings, warnings, fatal = dog.inspect(self._own_ops(), members, now, self.lane_counts)
         for text in warnings:
             log.warning(text)
         if fatal:
@@ -1249,12 +1258,15 @@ class Background:
         sent = False
         if self._pinged or watch.report_due(busy, now):
             self._pinged = False
-            items = [(pset, name, op, now - started)
-                     for pset, name, op, started in self._own_ops()
+            items = [(pset, name, op, now - started, device, seq)
+                     for pset, name, op, started, device, seq in self._own_ops()
                      if now - started >= watch.period]
             msg = pb.RequestList(report=True)
-            for pset, name, op, seconds in items:
-                msg.in_flight.add(process_set_id=pset, name=name, op=op, seconds=seconds)
+            for pset, name, op, seconds, device, seq in items:
+                msg.in_flight.add(process_set_id=pset, name=name, op=op, seconds=seconds,
+                                  device=device, seq=seq)
+            for (pset, device), started in self.lane_counts.items():
+                msg.positions.add(process_set_id=pset, device=device, started=started)
             self.channel.send(0, TAG_REQUEST, msg.SerializeToString())
             watch.sent_report(bool(items), now)
             sent = True
@@ -1465,6 +1477,8 @@ class Background:
         # communicator and the set's MPI one run side by side).
         lane = (resp.process_set_id, resp.device)
         operation = Operation(resp, entries, shown, lane, gen, traced)
+        if op != pb.P2P:  # every member starts these, in one order per lane
+            operation.seq = self.lane_counts[lane] = self.lane_counts.get(lane, 0) + 1
         done = self.executor.start(operation)
         self._complete_queued()
         for op in done:

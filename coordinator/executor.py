@@ -35,7 +35,7 @@ class Operation:
 
     __slots__ = ("response", "entries", "names", "lane", "started", "steps", "_gen",
                  "_waiting", "results", "error", "traced", "handed_out", "completed_early",
-                 "finished")
+                 "finished", "seq")
 
     def __init__(self, response, entries, names, lane, gen, traced=False):
         self.response = response
@@ -52,6 +52,7 @@ class Operation:
         self.handed_out = False  # by take_queued()
         self.completed_early = False  # some of its handles completed once it was queued
         self.finished = False
+        self.seq = 0  # its place among its lane's operations on every member (0: none)
 
     @property
     def queued_results(self):

@@ -19,6 +19,13 @@ something is in flight (an idle job sends nothing):
   rank that can still hear rank 0.
 - A worker whose reports rank 0 leaves unanswered for those times warns, then
   fails, naming rank 0.
+- A member that answers but never starts a collective the others are in
+  (the ranks disagree on what runs: a bug) is named the same way. Every
+  member starts the operations of a communicator (a lane) in one order, so
+  each counts them; reports carry the counts, and an operation's place in
+  that order. A member whose count stays below the place of an operation
+  others have had in flight for `check_time` has not started it; after
+  `shutdown_time` the job fails.
 
 `period` is a quarter of the shorter of the two times, at most 1 s. The
 classes here are plain Python with an injectable clock; background.py sends
@@ -47,16 +54,24 @@ def _what(pset, name, op):
 
 
 class InFlightOp:
-    """A collective some rank has had in flight since `started`."""
+    """A collective some rank has had in flight since `started`; `seq` is its
+    place among the operations of its lane (the set's communicator on
+    `device`), from 1; 0 where it is not counted."""
 
-    __slots__ = ("process_set_id", "name", "op", "started", "ranks")
+    __slots__ = ("process_set_id", "name", "op", "started", "ranks", "device", "seq")
 
-    def __init__(self, process_set_id, name, op, started, ranks=()):
+    def __init__(self, process_set_id, name, op, started, ranks=(), device=-1, seq=0):
         self.process_set_id = process_set_id
         self.name = name
         self.op = op
         self.started = started
         self.ranks = set(ranks)  # ranks known to be running it
+        self.device = device
+        self.seq = seq
+
+    @property
+    def lane(self):
+        return (self.process_set_id, self.device)
 
     def describe(self):
         if self.name.startswith("("):  # not a tensor: the negotiation itself
@@ -76,7 +91,9 @@ class Watchdog:
         self._heard = {}  # rank -> when rank 0 last heard from it
         self._silent_since = {}  # rank -> first ping it has not answered
         self._pinged = {}  # rank -> last ping
-        self._reports = {}  # rank -> (when, [(pset, name, op, seconds in flight)])
+        self._reports = {}  # rank -> (when, [(pset, name, op, seconds, device, seq)])
+        self._positions = {}  # rank -> (when, {lane: operations started there})
+        self._absent_since = {}  # (rank, lane, seq) -> first seen not to have started it
         self._warned = {}  # rank -> last warning about it
 
     @property
@@ -88,55 +105,71 @@ class Watchdog:
         self._heard[rank] = now
         self._silent_since.pop(rank, None)
 
-    def report(self, rank, items, now=None):
+    def report(self, rank, items, now=None, positions=None):
         """`rank`'s collectives in flight for a while: (process set, name, op,
-        seconds) each; replaces its previous report."""
+        seconds, device, seq) each; replaces its previous report.
+        `positions`: {(process set, device): operations it started there}."""
         now = self.clock() if now is None else now
         self.heard(rank, now)
         if items:
             self._reports[rank] = (now, list(items))
         else:
             self._reports.pop(rank, None)
+        if positions is not None:
+            self._positions[rank] = (now, dict(positions))
 
     def _long_ops(self, now, own):
         ops = {}
-        for pset, name, op, started in own:
+        for pset, name, op, started, device, seq in own:
             if now - started >= self.period:
-                ops.setdefault((pset, name), InFlightOp(pset, name, op, started)).ranks.add(
-                    self.rank)
+                item = ops.setdefault((pset, name, device, seq),
+                                      InFlightOp(pset, name, op, started, (), device, seq))
+                item.ranks.add(self.rank)
         for rank, (when, items) in list(self._reports.items()):
             if now - when > 3 * self.period:  # no report since: it finished them
                 del self._reports[rank]
                 continue
-            for pset, name, op, seconds in items:
+            for pset, name, op, seconds, device, seq in items:
                 started = when - seconds
-                item = ops.setdefault((pset, name), InFlightOp(pset, name, op, started))
+                item = ops.setdefault((pset, name, device, seq),
+                                      InFlightOp(pset, name, op, started, (), device, seq))
                 item.started = min(item.started, started)
                 item.ranks.add(rank)
         return [op for op in ops.values() if now - op.started >= self.period]
 
-    def inspect(self, own, members_of, now=None):
+    def inspect(self, own, members_of, now=None, own_positions=None):
         """Looks at the collectives in flight: `own` lists rank 0's as
-        (process set, name, op, start time); `members_of(pset)` gives a set's
-        ranks. Returns (ranks to ping now, warning texts, fatal text or
-        None)."""
+        (process set, name, op, start time, device, seq); `members_of(pset)`
+        gives a set's ranks; `own_positions` is rank 0's count of operations
+        started per lane. Returns (ranks to ping now, warning texts, fatal
+        text or None)."""
         now = self.clock() if now is None else now
         pings, suspects = set(), {}
         if not self.enabled:
             return pings, [], None
+        absent, absent_since = {}, {}
         for op in self._long_ops(now, own):
             for member in members_of(op.process_set_id) or ():
-                if member == self.rank or now - self._heard.get(member, -1e18) < self.period:
-                    continue
-                if now - self._pinged.get(member, -1e18) >= self.period:
-                    pings.add(member)
-                    self._pinged[member] = now
-                silent = now - self._silent_since.setdefault(member, now)
-                suspects.setdefault(member, []).append((op, silent))
+                heard = now - self._heard.get(member, -1e18) if member != self.rank else 0.0
+                if heard >= self.period:
+                    self._ping(member, now, pings)
+                    silent = now - self._silent_since.setdefault(member, now)
+                    suspects.setdefault(member, []).append((op, silent))
+                # Reports come every period or so: one a little late is no
+                # reason to forget how long a member has been behind.
+                if heard < 3 * self.period:
+                    self._check_started(member, op, now, own_positions, pings, absent,
+                                        absent_since)
+        self._absent_since = absent_since
         warnings, fatal = [], None
-        for rank, items in sorted(suspects.items()):
+        texts = [(rank, items, self._text) for rank, items in sorted(suspects.items())]
+        # A member silent for a while explains the others' waits first.
+        if not any(silent >= 3 * self.period for items in suspects.values()
+                   for _, silent in items):
+            texts += [(rank, items, self._absent_text) for rank, items in sorted(absent.items())]
+        for rank, items, describe in texts:
             op, silent = max(items, key=lambda item: now - item[0].started)
-            text = self._text(rank, op, silent, now)
+            text = describe(rank, op, silent, now)
             if self.shutdown_time > 0 and silent >= self.shutdown_time:
                 fatal = fatal or (f"Stalled {text}; failed after the stall shutdown time of "
                                   f"{self.shutdown_time:g} s "
@@ -147,6 +180,43 @@ class Watchdog:
                     self._warned[rank] = now
                     warnings.append(text)
         return pings, warnings, fatal
+
+    def _ping(self, member, now, pings):
+        if now - self._pinged.get(member, -1e18) >= self.period:
+            pings.add(member)
+            self._pinged[member] = now
+
+    def _check_started(self, member, op, now, own_positions, pings, absent, absent_since):
+        """Notes `member` (which answers) in `absent` if it has not started
+        `op`, a counted operation others have had in flight for a while."""
+        if not op.seq or member in op.ranks:
+            return
+        if member == self.rank:
+            positions = own_positions
+        else:
+            when, positions = self._positions.get(member, (None, None))
+            if when is None or now - when >= 2 * self.period:
+                self._ping(member, now, pings)  # its answer brings its count
+                return
+        if positions is None or positions.get(op.lane, 0) >= op.seq:
+            return
+        key = (member, op.lane, op.seq)
+        since = absent_since[key] = self._absent_since.get(key, now)
+        absent.setdefault(member, []).append((op, now - since))
+
+    def _absent_text(self, rank, op, absent, now):
+        _, doing = self._reports.get(rank, (None, ()))
+        where = (f"; it is running {', '.join(self._describe_item(i) for i in doing)}"
+                 if doing and rank != self.rank else "")
+        return (f"{op.describe()}: rank {rank} answers but has not started it (operation "
+                f"{op.seq} of its communicator) in {absent:.1f} s, while it was in flight "
+                f"for {now - op.started:.1f} s on {format_ranks(op.ranks)}{where} (the ranks "
+                "disagree on what runs: a bug in the coordinator, please report it)")
+
+    @staticmethod
+    def _describe_item(item):
+        pset, name, op = item[:3]
+        return name if name.startswith("(") else _what(pset, name, op)
 
     @staticmethod
     def _text(rank, op, silent, now):

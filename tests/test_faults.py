@@ -139,3 +139,28 @@ def test_a_failure_in_a_set_of_one_rank_fails_that_tensor_alone():
     assert "cannot finish" not in line, line
     for rank in range(3):
         assert f"RANK {rank}: finished" in out, out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_,victim", [(3, 1), (2, 0)])
+def test_a_rank_that_answers_but_never_starts_a_collective_is_named_and_fails_the_job(
+        np_, victim):
+    """The victim's background thread drops a collective the others run (the
+    ranks disagree on what runs: a bug), then waits in negotiation cycles,
+    answering every ping: the watchdog compares how many operations each
+    rank started, warns naming the victim after the check time and fails
+    every rank after the shutdown time. Before, nobody was named and the
+    others waited forever."""
+    proc = mpirun(["tests/scripts/failing_rank.py", "skip", str(victim)], np_=np_,
+                  env=STOP_ENV, timeout=120)
+    out = proc.stdout + proc.stderr
+    said = f"rank {victim} answers but has not started it (operation 20 of its communicator)"
+    warnings = [line for line in out.splitlines() if "WARNING" in line and said in line]
+    assert warnings, out
+    for rank in range(np_):
+        lines = _lines(out, f"RANK {rank}: StallError at step 19:")
+        assert len(lines) == 1, out
+        assert "allreduce of tensor 'grad'" in lines[0] and said in lines[0], lines[0]
+        waited = float(lines[0].split(" in ")[1].split(" s")[0])
+        assert waited >= 5.0, lines[0]
+    assert "finished" not in out, out

@@ -10,7 +10,10 @@ Usage: failing_rank.py WHERE VICTIM [SOLO]
   WHERE  start:  the backend raises as it is asked to run the operation;
          run:    the operation's generator raises once started;
          thread: the background thread itself fails (a bug) as it takes
-                 up the operation.
+                 up the operation;
+         skip:   the background thread drops the operation (a bug: the
+                 ranks disagree on what runs), so the others wait in it
+                 while the victim answers; run with stall checks on.
   SOLO   the failing operation runs in a process set of the victim alone:
          only that tensor fails, and the job goes on.
 """
@@ -57,13 +60,15 @@ class FailingOps:
 hvd.init(process_sets="dynamic" if SOLO else None)
 me = hvd.rank()
 solo = hvd.add_process_set([VICTIM]) if SOLO else None
-if me == VICTIM and WHERE == "thread":
+if me == VICTIM and WHERE in ("thread", "skip"):
     bg = runtime.current().background
     execute, calls = bg._execute, []
 
     def failing_execute(resp, *args, **kwargs):
         calls.append(resp)
         if len(calls) == FAIL_AT:
+            if WHERE == "skip":
+                return None
             raise KeyError("injected: a bug in the background thread")
         return execute(resp, *args, **kwargs)
     bg._execute = failing_execute
@@ -82,7 +87,7 @@ for step in range(STEPS):
     try:
         out = hvd.allreduce(np.full(1000, step, np.float64), op=hvd.Sum, name="grad")
         assert out[0] == step * hvd.size(), (step, out[0])
-    except hvd.HorovodInternalError as exc:
+    except (hvd.HorovodInternalError, hvd.StallError) as exc:
         failures += 1
         if failures == 1:
             print(f"RANK {me}: {type(exc).__name__} at step {step}: {exc}", flush=True)

@@ -1,0 +1,139 @@
+"""Rank 0's watchdog (watchdog.py), with an injected clock: which members of
+a collective in flight it pings, warns about and fails the job over."""
+
+from coordinator.watchdog import Watchdog
+from coordinator.wire import pb
+
+CHECK, SHUTDOWN = 2.0, 5.0
+MEMBERS = {0: (0, 1, 2)}.get
+LANE = (0, -1)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _dog():
+    clock = Clock()
+    return Watchdog(0, CHECK, SHUTDOWN, clock=clock), clock
+
+
+def _own(started, seq=7, name="grad"):
+    """Rank 0 runs `name`, the seq-th operation of the global set's host lane."""
+    return [(0, name, pb.ALLREDUCE, started, -1, seq)]
+
+
+def _run(dog, clock, until, own, answers=(1, 2), positions=None, own_positions=None,
+         running=(1,), every=None):
+    """Steps the clock to `until`, every 0.25 s: each rank in `answers`
+    answers with its report (`running` ones list the collective, with its
+    counts from `positions`), or every `every[rank]`-th step. Returns every
+    warning and the first fatal."""
+    warnings, fatal = [], None
+    started = clock.now
+    step = 0
+    while clock.now < until and fatal is None:
+        step += 1
+        for rank in answers:
+            if step % (every or {}).get(rank, 1):
+                continue
+            items = ([(0, "grad", pb.ALLREDUCE, clock.now - started, -1, 7)]
+                     if rank in running else [])
+            dog.report(rank, items, positions=(positions or {}).get(rank))
+        _, said, fatal = dog.inspect(own, MEMBERS, own_positions=own_positions)
+        warnings += said
+        clock.now += 0.25
+    return warnings, fatal
+
+
+def test_a_member_that_answers_but_never_started_the_collective_is_named_then_fails_it():
+    dog, clock = _dog()
+    own = _own(clock.now)
+    positions = {1: {LANE: 7}, 2: {LANE: 6}}  # rank 2 is one operation behind
+    warnings, fatal = _run(dog, clock, clock.now + 10, own, positions=positions,
+                           own_positions={LANE: 7})
+    assert warnings and all("rank 2 answers but has not started it" in w for w in warnings)
+    assert "allreduce of tensor 'grad'" in warnings[0] and "ranks 0, 1" in warnings[0]
+    assert fatal is not None and "rank 2 answers but has not started it" in fatal, fatal
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in fatal
+    assert "rank 1" not in fatal.split(" on ")[0], fatal
+
+
+def test_reports_a_little_late_do_not_restart_the_count_of_how_long_a_member_is_behind():
+    """Rank 2's reports come every 0.75 s, more than a period (0.5 s) apart:
+    it still fails the job after the shutdown time."""
+    dog, clock = _dog()
+    start = clock.now
+    warnings, fatal = _run(dog, clock, clock.now + 10, _own(clock.now),
+                           positions={1: {LANE: 7}, 2: {LANE: 6}},
+                           own_positions={LANE: 7}, every={2: 3})
+    assert fatal is not None and "rank 2 answers but has not started it" in fatal, fatal
+    assert clock.now - start < SHUTDOWN + 2.0, clock.now - start
+
+
+def test_members_that_started_it_are_never_named_even_once_done_with_it():
+    """Rank 2 started the collective (its count reached its place) and is
+    no longer in it: it waits on nobody's behalf and is not named."""
+    dog, clock = _dog()
+    own = _own(clock.now)
+    positions = {1: {LANE: 7}, 2: {LANE: 9}}
+    warnings, fatal = _run(dog, clock, clock.now + 10, own, positions=positions,
+                           own_positions={LANE: 7})
+    assert warnings == [] and fatal is None
+
+
+def test_a_member_whose_count_is_unknown_is_pinged_for_it_not_named():
+    dog, clock = _dog()
+    own = _own(clock.now)
+    dog.report(1, [], positions={LANE: 7})
+    dog.report(2, [])  # no count: an older worker, or no report yet
+    clock.now += 1.0
+    pings, warnings, fatal = dog.inspect(own, MEMBERS, own_positions={LANE: 7})
+    assert 2 in pings and warnings == [] and fatal is None
+
+
+def test_rank_0_itself_behind_is_named():
+    dog, clock = _dog()
+    positions = {1: {LANE: 7}, 2: {LANE: 7}}
+    warnings, fatal = _run(dog, clock, clock.now + 10, [], positions=positions,
+                           own_positions={LANE: 6}, running=(1, 2))
+    assert fatal is not None and "rank 0 answers but has not started it" in fatal, fatal
+
+
+def test_uncounted_work_never_names_a_member_that_answers():
+    """A negotiation cycle (or a send/recv) has no place in a lane: members
+    that answer are never named for it."""
+    dog, clock = _dog()
+    own = [(0, "(a negotiation cycle)", pb.BARRIER, clock.now, -1, 0)]
+    warnings, fatal = _run(dog, clock, clock.now + 10, own, positions={2: {LANE: 0}},
+                           own_positions={LANE: 7}, running=())
+    assert warnings == [] and fatal is None
+
+
+def test_a_silent_member_is_named_and_not_the_ones_it_holds_up():
+    """Rank 1 stopped answering; rank 2 answers but is behind (it waits for
+    rank 1 elsewhere): the stopped one is named, as before."""
+    dog, clock = _dog()
+    own = _own(clock.now)
+    warnings, fatal = _run(dog, clock, clock.now + 10, own, answers=(2,),
+                           positions={2: {LANE: 6}}, own_positions={LANE: 7})
+    assert fatal is not None and "rank 1 has not answered" in fatal, fatal
+    assert not any("answers but" in w for w in warnings), warnings
+
+
+def test_a_short_wait_names_nobody():
+    dog, clock = _dog()
+    own = _own(clock.now)
+    warnings, fatal = _run(dog, clock, clock.now + CHECK - 0.5, own,
+                           positions={1: {LANE: 7}, 2: {LANE: 6}}, own_positions={LANE: 7})
+    assert warnings == [] and fatal is None
+
+
+def test_disabled_checks_do_nothing():
+    clock = Clock()
+    dog = Watchdog(0, CHECK, SHUTDOWN, disabled=True, clock=clock)
+    assert dog.inspect(_own(0.0), MEMBERS, own_positions={LANE: 0}) == (set(), [], None)
