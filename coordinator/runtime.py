@@ -201,6 +201,12 @@ class Runtime:
             # communicators (elastic training shrinks and re-forms next).
             self.transport.revoke()
             self.ops.revoke()
+        elif self.fatal_error is not None:
+            # The job failed (a stall, a rank that failed its part): the
+            # GPU may still run collectives no peer will finish. Abort them
+            # here, where nothing else would stop them; each rank aborts its
+            # own, so no peer is told anything before it has its error.
+            self.ops.abort_device_communicators()
         self.monitor.close()
         self.timeline.close()
         self.buffers.clear()

@@ -742,13 +742,15 @@ def test_nccl_host_aware_allreduce_on_two_simulated_hosts_at_np4(case, setting):
     ("a_held_tensor_goes_shortly_before_the_running_call_should_end", "0", "hold"),
     ("a_failure_after_early_completion_stops_the_job_naming_the_setting", "1", "failing"),
     ("a_failure_after_early_completion_stops_the_job_naming_the_setting", "0", "failing"),
+    ("after_a_failure_shutdown_aborts_the_nccl_communicators", "1", "failing"),
+    ("after_a_failure_shutdown_aborts_the_nccl_communicators", "0", "failing"),
 ])
 def test_async_completion_on_device_arrays_at_np2(case, setting, job):
     """HOROVOD_ENABLE_ASYNC_COMPLETION: a GPU operation's handles complete
     once it is queued, and synchronize orders the caller's stream after it;
     without it, only those of tensors submitted in stream order do
     (collectives.in_stream_order), and a failure after that stops the job
-    either way. Without it, a tensor held back for the busy lane is queued behind the
+    either way (and shutdown() then aborts the NCCL communicators). Without it, a tensor held back for the busy lane is queued behind the
     running call once a thread waits for it, or once that call should end
     within DEVICE_HOLD_LEAD ("hold"). And the interpreter's switch interval
     is short only while GPU work is in flight."""
@@ -759,7 +761,8 @@ def test_async_completion_on_device_arrays_at_np2(case, setting, job):
                      "the_switch_interval_is_short_only_while_gpu_work_is_in_flight",
              "hold": "a_held_tensor_goes_shortly_before_the_running_call_should_end,"
                      "waiting_for_a_held_tensor_queues_it_behind_the_running_call",
-             "failing": "a_failure_after_early_completion_stops_the_job_naming_the_setting"}
+             "failing": "a_failure_after_early_completion_stops_the_job_naming_the_setting,"
+                        "after_a_failure_shutdown_aborts_the_nccl_communicators"}
     env = {"HOROVOD_ENABLE_ASYNC_COMPLETION": setting, "CASES": cases[job],
            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
     if job == "hold":  # their messages about the hour-long call would end the hold

@@ -113,6 +113,14 @@ class OperationManager:
             if revoke is not None:
                 revoke()
 
+    def abort_device_communicators(self):
+        """After the job failed: drops the work queued on this rank's device
+        communicators (ncclCommAbort), which peers may never finish."""
+        for backend in self.backends:
+            abort = getattr(backend, "abort_communicators", None)
+            if abort is not None:
+                abort()
+
     def backend_for(self, response):
         for backend in self.backends:
             if backend.enabled(response):

@@ -237,6 +237,9 @@ class NCCLOps:
         """A peer died: aborts every NCCL communicator (ncclCommAbort: queued
         and running work is dropped, nothing waits for the dead rank) and
         forgets it. A re-formed job makes new ones from new unique ids."""
+        self.abort_communicators()
+
+    def abort_communicators(self):
         comms = [lane.comm for lane in self._lanes.values()]
         comms += [group.comm for group in self._groups.values()]
         self._lanes.clear()

@@ -309,3 +309,17 @@ def case_a_failure_after_early_completion_stops_the_job_naming_the_setting(hvd):
         assert "NCCL error" in text, text
     else:
         raise AssertionError("the job went on after a failed operation")
+
+
+def case_after_a_failure_shutdown_aborts_the_nccl_communicators(hvd):
+    """Run after the case above, whose job failed: the GPU may still hold
+    collectives no peer will finish, so shutdown() aborts this rank's NCCL
+    communicators (before, only after a peer died), and elastic training
+    re-forms with new ones."""
+    from coordinator import runtime
+
+    assert runtime.current().fatal_error is not None, "the job did not fail"
+    calls = FAKE["nccl"].calls
+    assert ("abort", 0) not in calls, calls
+    hvd.shutdown()
+    assert ("abort", 0) in calls, calls
