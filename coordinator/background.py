@@ -1082,10 +1082,10 @@ class Background:
             self.watchdog.heard(source)
             if msg.shutdown and msg.shutdown_kind == pb.STALL:
                 # A worker gave up on this rank (it was stopped): so does the job.
-                self._stall_shutdown(f"rank {source}: {msg.shutdown_reason}")
+                self._fail_everywhere(f"rank {source}: {msg.shutdown_reason}")
                 return True
             if msg.shutdown and msg.shutdown_kind == pb.BROKEN:
-                self._stall_shutdown(msg.shutdown_reason, pb.BROKEN)
+                self._fail_everywhere(msg.shutdown_reason, pb.BROKEN)
                 return True
             if msg.shutdown:
                 ctl.request_shutdown(source, msg.shutdown_reason)
@@ -1241,7 +1241,7 @@ class Background:
         for text in warnings:
             log.warning(text)
         if fatal:
-            self._stall_shutdown(fatal)
+            self._fail_everywhere(fatal)
             return True
         for rank in pings:
             self.channel.send(rank, TAG_RESPONSE, pb.ResponseList(ping=True).SerializeToString())
@@ -1287,7 +1287,7 @@ class Background:
             return f"{op_name(op.response.op)} of tensor '{op.names[0]}'"
         return "work submitted to it"
 
-    def _stall_shutdown(self, text, kind=pb.STALL):
+    def _fail_everywhere(self, text, kind=pb.STALL):
         """A member stopped answering in the middle of a collective (or a
         cycle), or failed one every member had agreed to run (BROKEN): its
         peers can never finish it, so the job fails on every rank that can
