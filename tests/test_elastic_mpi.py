@@ -197,6 +197,26 @@ def test_workers_on_a_removed_host_leave_and_the_rest_go_on(tmp_path):
     assert len(done) == 2 and len(set(done)) == 1 and done[0][0] == "2", out[-2000:]
 
 
+def test_a_rank_that_fails_its_part_of_a_collective_resets_the_job_with_every_worker(
+        tmp_path):
+    """Rank 1's backend raises in a collective every rank agreed to run: all
+    three raise HorovodInternalError naming it and the cause, so elastic
+    training restores the last commit, re-forms with the same three workers
+    and finishes in step. (Before 43ca950 the job recovered too, once rank
+    1's reset shut its coordinator down and so failed the others' wait,
+    but they never learned the cause.)"""
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--host-discovery-script", script],
+                            "elastic_numpy.py", env={"FAIL_OP_AT": "10:1", "STEPS": "30"})
+    assert rc == 0, err[-3000:]
+    assert "failed: MemoryError: injected" in err and "without rank 1" in err, err[-3000:]
+    assert "membership 1: 3 kept, 0 leave, 0 new" in err, err[-3000:]
+    resets = re.findall(r"^reset: rank (\d) of 3", out, re.MULTILINE)
+    assert sorted(resets) == ["0", "1", "2"], out[-2000:]
+    done = re.findall(r"^done rank (\d) size 3 step 30 total (\S+)$", out, re.MULTILINE)
+    assert sorted(done) == [("0", "90.0"), ("1", "90.0"), ("2", "90.0")], out[-2000:]
+
+
 def test_the_job_stops_after_reset_limit_resets(tmp_path):
     script, _ = discovery(tmp_path, HOSTS)
     rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--reset-limit", "1",

@@ -8,6 +8,9 @@ Knobs (environment), for tests/test_elastic_mpi.py:
       (in that membership, default 0)
   FAIL_HOST=<host>  a worker the driver placed on <host> SIGKILLs itself
       after FAIL_AFTER (default 3) steps, in every membership
+  FAIL_OP_AT=<step>:<rank>  that rank's backend raises as it runs its next
+      operation from that step on (in membership 0): the job fails on every
+      rank, and goes on after a reset with every worker
 """
 
 import os
@@ -17,7 +20,7 @@ import time
 import numpy as np
 
 import coordinator as hvd
-from coordinator import elastic
+from coordinator import elastic, runtime
 from coordinator.elastic import membership
 
 STEPS = int(os.environ.get("STEPS", "60"))
@@ -27,6 +30,8 @@ KILLS = [tuple(int(v) for v in (item.split(":") + ["0"])[:3])
          for item in os.environ.get("KILL_AT", "").split(",") if item]
 FAIL_HOST = os.environ.get("FAIL_HOST", "")
 FAIL_AFTER = int(os.environ.get("FAIL_AFTER", "3"))
+FAIL_OP = tuple(int(v) for v in os.environ["FAIL_OP_AT"].split(":")) \
+    if os.environ.get("FAIL_OP_AT") else None
 
 hvd.init()
 state = elastic.ObjectState(step=0, total=np.zeros(4))
@@ -39,6 +44,20 @@ def on_reset():
 
 
 state.register_reset_callbacks([on_reset])
+
+
+class FailingOps:
+    """The backend of this rank, whose next operation raises."""
+
+    def __init__(self, ops):
+        self.ops = ops
+
+    def __getattr__(self, name):
+        return getattr(self.ops, name)
+
+    def run(self, *args, **kwargs):
+        runtime.current().background.ops = self.ops  # once
+        raise MemoryError("injected: no memory for the fusion buffer")
 
 
 def die(why):
@@ -56,6 +75,11 @@ def train(state):
                 die(f"step {step}")
         if host == FAIL_HOST and state.step - started >= FAIL_AFTER:
             die(f"on failing host {host}")
+        if FAIL_OP and (state.step, hvd.rank(), me.generation) == (*FAIL_OP, 0):
+            print(f"failing the next operation of rank {hvd.rank()} at step {state.step}",
+                  flush=True)
+            bg = runtime.current().background
+            bg.ops = FailingOps(bg.ops)
         got = hvd.allreduce(np.ones(4), op=hvd.Sum, name="g")
         state.total = state.total + got
         state.step += 1
