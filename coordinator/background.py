@@ -1164,7 +1164,8 @@ class Background:
         ctl = self.controller
         period = ctl.stall_inspector.next_check(now)
         self._next_stall_check = now + (period if period else 3600.0)
-        for text in ctl.inspect_stalls(now):
+        own = self._own_ops()
+        for text in ctl.inspect_stalls(now, lambda rank: self.watchdog.inside(rank, own, now)):
             log.warning(text)
 
     def _control_worker(self):

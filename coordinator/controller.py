@@ -411,8 +411,10 @@ class Controller:
             self._negotiation_over(neg)
 
     # ------------------------------------------------------------ stalls
-    def inspect_stalls(self, now=None):
-        """Stall warnings (texts) to log now; fails the stalls that expired."""
+    def inspect_stalls(self, now=None, inside=None):
+        """Stall warnings (texts) to log now; fails the stalls that expired.
+        `inside(rank)`: the long collective a rank is in (or None), which the
+        texts name."""
         now = self.clock() if now is None else now
         inspector = self.stall_inspector
         if inspector.disabled or not self._pending:
@@ -423,7 +425,7 @@ class Controller:
             missing = [m for m in neg.members if m not in neg.requests and m not in joined]
             rows.append((neg.key, neg.representative().op, neg.first, list(neg.requests),
                          missing))
-        warnings, expired = inspector.inspect(now, rows)
+        warnings, expired = inspector.inspect(now, rows, inside)
         for stall in expired:
             neg = self._pending.get(stall.key)
             if neg is None:  # failed with its group earlier in this loop

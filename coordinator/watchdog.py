@@ -168,7 +168,9 @@ class Watchdog:
                    for _, silent in items):
             texts += [(rank, items, self._absent_text) for rank, items in sorted(absent.items())]
         for rank, items, describe in texts:
-            op, silent = max(items, key=lambda item: now - item[0].started)
+            # The collective it holds up says more than the cycle it misses.
+            op, silent = max(items, key=lambda item: (not item[0].name.startswith("("),
+                                                      now - item[0].started))
             text = describe(rank, op, silent, now)
             if self.shutdown_time > 0 and silent >= self.shutdown_time:
                 fatal = fatal or (f"Stalled {text}; failed after the stall shutdown time of "
@@ -180,6 +182,29 @@ class Watchdog:
                     self._warned[rank] = now
                     warnings.append(text)
         return pings, warnings, fatal
+
+    def inside(self, rank, own, now=None):
+        """The collective `rank` has been in the longest, for more than a
+        period (rank 0's from `own`, the others' from their last reports), as
+        "allreduce of tensor 'x' for 3.0 s"; None if none (negotiation cycles
+        are not collectives here: waiting in one is what a stall looks like)."""
+        now = self.clock() if now is None else now
+        if not self.enabled:
+            return None
+        if rank == self.rank:
+            items = [(pset, name, op, now - started) for pset, name, op, started, *_ in own]
+        else:
+            when, reported = self._reports.get(rank, (None, ()))
+            if when is None or now - when > 3 * self.period:
+                return None
+            items = [(pset, name, op, seconds + now - when)
+                     for pset, name, op, seconds, *_ in reported]
+        items = [item for item in items if not item[1].startswith("(") and
+                 item[3] >= self.period]
+        if not items:
+            return None
+        pset, name, op, seconds = max(items, key=lambda item: item[3])
+        return f"{_what(pset, name, op)} for {seconds:.1f} s"
 
     def _ping(self, member, now, pings):
         if now - self._pinged.get(member, -1e18) >= self.period:

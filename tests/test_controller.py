@@ -266,6 +266,25 @@ def test_stall_warning_names_missing_ranks_and_expiry_fails_them():
     assert list(late.names) == ["slow"] and late.error_kind == pb.STALL
 
 
+def test_a_stall_says_which_long_collective_a_missing_rank_is_inside():
+    """Rank 1 cannot submit 'next' while it is inside another collective:
+    the warning and the error say so (the watchdog's reports tell)."""
+    clock = FakeClock()
+    ctl = Controller(3, stall_inspector=StallInspector(check_time=5, shutdown_time=10),
+                     clock=clock)
+    submit(ctl, 0, req("next"))
+    submit(ctl, 2, req("next"))
+    clock.now += 6
+    inside = {1: "allreduce of tensor 'a' in process set 1 for 7.0 s"}.get
+    (warning,) = ctl.inspect_stalls(inside=inside)
+    assert ("rank 1 did not submit it; rank 1 has been inside allreduce of tensor 'a' in "
+            "process set 1 for 7.0 s; ranks 0, 2 have waited 6.0 s") in warning, warning
+    clock.now += 5
+    ctl.inspect_stalls(inside=inside)
+    (plan,) = ctl.take_plans()
+    assert "rank 1 has been inside allreduce of tensor 'a'" in plan.response.error
+
+
 def test_cycle_time_holds_ready_tensors_to_fuse_more():
     clock = FakeClock()
     ctl = Controller(2, cycle_time=0.005, clock=clock)

@@ -137,3 +137,23 @@ def test_disabled_checks_do_nothing():
     clock = Clock()
     dog = Watchdog(0, CHECK, SHUTDOWN, disabled=True, clock=clock)
     assert dog.inspect(_own(0.0), MEMBERS, own_positions={LANE: 0}) == (set(), [], None)
+
+
+def test_inside_says_which_long_collective_a_rank_is_in():
+    """What the stall inspector adds about a rank that did not submit a
+    tensor: the collective it has been inside for a while."""
+    dog, clock = _dog()
+    start = clock.now
+    own = [(1, "a", pb.ALLREDUCE, start, -1, 3), (0, "(a negotiation cycle)", pb.BARRIER,
+                                                  start - 50, -1, 0)]
+    clock.now += 1.5
+    dog.report(2, [(0, "b", pb.BROADCAST, 1.0, -1, 4)])
+    clock.now += 0.5
+    assert dog.inside(0, own) == "allreduce of tensor 'a' in process set 1 for 2.0 s"
+    assert dog.inside(2, own) == "broadcast of tensor 'b' for 1.5 s"  # 1 s at the report
+    assert dog.inside(1, own) is None  # nothing reported
+    dog.report(1, [(0, "(a negotiation cycle)", pb.BARRIER, 9.0, -1, 0)])
+    assert dog.inside(1, own) is None  # waiting in a cycle is what a stall looks like
+    clock.now += 3 * dog.period + 0.1
+    assert dog.inside(2, own) is None  # its report is stale: it may be done
+    assert dog.inside(0, [(0, "c", pb.ALLREDUCE, clock.now, -1, 5)]) is None  # just started
