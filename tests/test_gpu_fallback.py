@@ -360,6 +360,10 @@ class _SoloComms:
     def __getitem__(self, pid):
         return self.comm
 
+    def when_ready(self, pid):
+        return self.comm
+        yield  # a generator, like Communicators.when_ready
+
     @staticmethod
     def share_on(comm, payload, nbytes):
         from coordinator.ops.mpi_ops import Requests

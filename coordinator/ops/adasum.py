@@ -82,7 +82,7 @@ class AdasumOps:
         return np.zeros(shape, dtype)
 
     def allreduce(self, response, entries, names):
-        comm = self.comms[response.process_set_id]
+        comm = yield from self.comms.when_ready(response.process_set_id)
         info = dtypes.BY_WIRE[response.dtype]
         # Accumulate in at least float32; float64 stays float64.
         work = np.float64 if info.dtype == np.float64 else np.float32

@@ -10,8 +10,12 @@ decides anything.
 The backend owns its communicators: one per process set, created on the
 set's first operation from the members alone (`Create_group`: every member
 reaches that operation at the same point of its set's order), and freed when
-the set is removed; the host-aware algorithms get theirs the same way. Its
-dtype policy is in mpi_reduce.py.
+the set is removed; the host-aware algorithms get theirs the same way.
+`Create_group` blocks until every member has called it, so an operation
+makes its set's communicator in a helper thread and waits for it like for
+any request: a member stopped just then leaves the background thread free
+to answer, and the watchdog names the stopped one (rather than the others
+naming this rank as silent). Its dtype policy is in mpi_reduce.py.
 
 Device (CUDA) tensors never reach this backend: they go through NCCL
 (nccl_ops.py) or are staged through pinned host memory (staging.py), which
@@ -26,6 +30,7 @@ into an allreduce.
 """
 
 import ctypes
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -79,19 +84,49 @@ class Communicators:
         self.members = members  # process set id -> its global ranks
         self.tag = tag
         self._comms = {0: world} if reuse_world else {}
+        self._making = {}  # process set id -> _Making under way
 
     def __getitem__(self, process_set_id):
+        """The set's communicator, made now if need be (blocks until every
+        member makes it: `when_ready` does not)."""
         comm = self._comms.get(process_set_id)
         if comm is None:
+            making = self._start(process_set_id)
+            making.done.wait()
+            comm = self._take(process_set_id, making)
+        return comm
+
+    get = __getitem__
+
+    def when_ready(self, process_set_id):
+        """A generator (for a backend's operation): yields while the set's
+        communicator is made in a helper thread, then returns it."""
+        comm = self._comms.get(process_set_id)
+        if comm is not None:
+            return comm
+        making = self._start(process_set_id)
+        while not making.ready():
+            yield making
+        return self._take(process_set_id, making)
+
+    def _start(self, process_set_id):
+        making = self._making.get(process_set_id)
+        if making is None:
             ranks = self.members(process_set_id)
             if ranks is None or self.world.rank not in ranks:
                 raise RuntimeError(f"this rank holds no communicator for process set "
                                    f"{process_set_id}")
-            comm = self._comms[process_set_id] = self.group(ranks,
-                                                            tag=self.tag + process_set_id)
-        return comm
+            tag = self.tag + process_set_id
+            making = self._making[process_set_id] = _Making(lambda: self.group(ranks, tag))
+        return making
 
-    get = __getitem__
+    def _take(self, process_set_id, making):
+        if self._making.get(process_set_id) is making:
+            del self._making[process_set_id]
+        if making.error is not None:
+            raise making.error
+        self._comms[process_set_id] = making.comm
+        return making.comm
 
     def group(self, ranks, tag=0):
         """A communicator over `ranks` (global), made by those ranks alone."""
@@ -121,6 +156,29 @@ class Communicators:
         if comm.rank == 0:
             buf[:] = payload
         return buf, Requests([comm.Ibcast([buf, MPI.BYTE], root=0)])
+
+
+class _Making:
+    """A communicator being made in a helper thread; `ready()` like a
+    request's."""
+
+    def __init__(self, make):
+        self.comm = None
+        self.error = None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(make,), name="coordinator-communicator",
+                         daemon=True).start()
+
+    def _run(self, make):
+        try:
+            self.comm = make()
+        except BaseException as exc:  # raised where the operation waits for it
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def ready(self):
+        return self.done.is_set()
 
 
 def mpi_cuda_aware(maps="/proc/self/maps"):
@@ -211,7 +269,8 @@ class MPIOps:
         return response.device == -1
 
     def _comm(self, response):
-        return self.comms[response.process_set_id]
+        """A generator: the response's communicator (see when_ready)."""
+        return self.comms.when_ready(response.process_set_id)
 
     def remove_process_set(self, process_set_id):
         self.comms.release(process_set_id)
@@ -247,7 +306,7 @@ class MPIOps:
         """Reduces the response's tensors: those below the response's pack
         limit through the fusion buffer, the others where they are (copying a
         large tensor in and out costs more than its own MPI call)."""
-        comm = self._comm(response)
+        comm = yield from self._comm(response)
         info = dtypes.BY_WIRE[response.dtype]
         rdtype, mpi_type, mpi_op = reduction(info, response.reduce_op)
         divisor = comm.size if response.reduce_op == pb.AVERAGE else 1
@@ -326,7 +385,7 @@ class MPIOps:
 
     # ----------------------------------------------------------- allgather
     def allgather(self, response, entries, names):
-        comm = self._comm(response)
+        comm = yield from self._comm(response)
         size = comm.size
         me = comm.rank
         info = dtypes.BY_WIRE[response.dtype]
@@ -382,7 +441,7 @@ class MPIOps:
 
     # ----------------------------------------------------------- broadcast
     def broadcast(self, response, entries, names, root):
-        comm = self._comm(response)
+        comm = yield from self._comm(response)
         is_root = comm.rank == root
         outputs = [e.output if e.output is not None else np.empty(e.shape, e.dtype_info.dtype)
                    for e in entries]
@@ -412,7 +471,7 @@ class MPIOps:
 
     # ------------------------------------------------------------ alltoall
     def alltoall(self, response, entries, names):
-        comm = self._comm(response)
+        comm = yield from self._comm(response)
         size, me = comm.size, comm.rank
         e = entries[0]
         info = e.dtype_info
@@ -450,7 +509,7 @@ class MPIOps:
         """Sends the sender's tensor to the receiver; `pair` holds their ranks
         in the set. A lane runs one operation at a time, and both ranks run
         the set's operations in one order, so one tag is enough."""
-        comm = self._comm(response)
+        comm = yield from self._comm(response)
         sender, receiver = pair
         self._activity(names, "MPI_SEND" if comm.rank == sender else "MPI_RECV")
         if comm.rank == sender:
@@ -469,7 +528,7 @@ class MPIOps:
 
     # ------------------------------------------------------- reducescatter
     def reducescatter(self, response, entries, names):
-        comm = self._comm(response)
+        comm = yield from self._comm(response)
         size, me = comm.size, comm.rank
         info = dtypes.BY_WIRE[response.dtype]
         rdtype, mpi_type, mpi_op = reduction(info, response.reduce_op)

@@ -259,7 +259,7 @@ class NCCLOps:
         return lane
 
     def _open(self, process_set_id, device):
-        comm = self.comms[process_set_id]
+        comm = yield from self.comms.when_ready(process_set_id)
         nccl_comm = yield from self._join(comm, device)
         with self.cp.cuda.Device(device):
             stream = self.cp.cuda.Stream(non_blocking=True)

@@ -1,0 +1,54 @@
+"""Rank 1 is stopped (SIGSTOP) as it starts the first operation of a new
+process set {0, 1}, before it has made the set's communicator, and continued
+RESUME seconds later; rank 2 goes on to a global allreduce meanwhile. Run
+with HOROVOD_STALL_CHECK_TIME_SECONDS=2. Making a set's communicator blocks
+until every member makes it; rank 0 does so in a helper thread, so its
+coordinator keeps answering: rank 0 names rank 1, and nobody names rank 0.
+Every rank prints `RANK r: done` once both allreduces are through."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import coordinator as hvd
+from coordinator import runtime
+
+RESUME = float(sys.argv[1]) if len(sys.argv) > 1 else 8.0
+
+hvd.init(process_sets="dynamic")
+me = hvd.rank()
+pair = hvd.add_process_set([0, 1])
+
+
+class StopAtTheSet:
+    """Wraps rank 1's backend: stops the process as the set's first
+    operation starts there."""
+
+    def __init__(self, ops):
+        self.ops = ops
+
+    def __getattr__(self, name):
+        return getattr(self.ops, name)
+
+    def run(self, response, *args, **kwargs):
+        if response.process_set_id == pair.process_set_id:
+            runtime.current().background.ops = self.ops  # once
+            subprocess.Popen(["sh", "-c", f"sleep {RESUME}; kill -CONT {os.getpid()}"])
+            print(f"RANK {me}: stopping at {time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return self.ops.run(response, *args, **kwargs)
+
+
+if me == 1:
+    bg = runtime.current().background
+    bg.ops = StopAtTheSet(bg.ops)
+if me in (0, 1):
+    out = hvd.allreduce(np.full(3, me + 1.0), op=hvd.Sum, name="a", process_set=pair)
+    assert out[0] == 3.0, out
+out = hvd.allreduce(np.ones(3), op=hvd.Sum, name="g")
+assert out[0] == hvd.size(), out
+print(f"RANK {me}: done", flush=True)
