@@ -220,7 +220,7 @@ def test_a_tensor_a_round_runs_leaves_its_cycle_slot_at_once():
     e.cache_id = 7
     bg = Background.__new__(Background)
     bg.stats = {"responses": 0}
-    bg.queue, bg.executor = queue, Executor()
+    bg.queue, bg.executor, bg.lane_counts = queue, Executor(), {}
     bg.slots = types.SimpleNamespace(slot=lambda cache_id: 3 if cache_id == 7 else None)
     bg.fast, bg.cycle = {3: e}, _Bits()
     bg.cycle.set(3)
