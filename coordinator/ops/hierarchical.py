@@ -32,8 +32,9 @@ class HierarchicalAllreduce:
     def allreduce_inplace(self, buf, mpi_type, mpi_op, names, begin, end):
         """A generator of non-blocking steps (see executor.py)."""
         if self.local is None:
-            self.local = self.comms.group(self.topology.local_ranks, tag=1)
-            self.cross = self.comms.group(self.topology.cross_ranks, tag=2)
+            local = yield from self.comms.group_when_ready(self.topology.local_ranks, tag=1)
+            cross = yield from self.comms.group_when_ready(self.topology.cross_ranks, tag=2)
+            self.local, self.cross = local, cross
         self.calls += 1
         root = self.topology.local_rank == 0
         begin(names, "MPI_REDUCE")

@@ -12,8 +12,8 @@ set's first operation from the members alone (`Create_group`: every member
 reaches that operation at the same point of its set's order), and freed when
 the set is removed; the host-aware algorithms get theirs the same way.
 `Create_group` blocks until every member has called it, so an operation
-makes its set's communicator in a helper thread and waits for it like for
-any request: a member stopped just then leaves the background thread free
+makes its set's communicator (and the host-aware algorithms' ones) in a
+helper thread and waits for it like for any request: a member stopped just then leaves the background thread free
 to answer, and the watchdog names the stopped one (rather than the others
 naming this rank as silent). Its dtype policy is in mpi_reduce.py.
 
@@ -108,6 +108,16 @@ class Communicators:
         while not making.ready():
             yield making
         return self._take(process_set_id, making)
+
+    def group_when_ready(self, ranks, tag=0):
+        """A generator: `group(ranks, tag)` made in a helper thread, yielding
+        until it is (every member must reach it: see the module doc)."""
+        making = _Making(lambda: self.group(ranks, tag))
+        while not making.ready():
+            yield making
+        if making.error is not None:
+            raise making.error
+        return making.comm
 
     def _start(self, process_set_id):
         making = self._making.get(process_set_id)

@@ -273,7 +273,7 @@ class NCCLOps:
         its groups in the same order, at the same operation."""
         group = self._groups.get((kind, lane.device))
         if group is None:
-            comm = self.comms.group(ranks, tag)
+            comm = yield from self.comms.group_when_ready(ranks, tag)
             try:
                 nccl_comm = yield from self._join(comm, lane.device)
                 group = _Lane(self.cp, lane.device, nccl_comm, comm.rank, comm.size,

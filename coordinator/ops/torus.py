@@ -49,8 +49,9 @@ class TorusAllreduce:
     def allreduce_inplace(self, buf, mpi_type, mpi_op, names, begin, end):
         """A generator of non-blocking steps (see executor.py)."""
         if self.row is None:
-            self.row = self.comms.group(self.topology.local_ranks, tag=3)
-            self.column = self.comms.group(self.topology.cross_ranks, tag=4)
+            row = yield from self.comms.group_when_ready(self.topology.local_ranks, tag=3)
+            column = yield from self.comms.group_when_ready(self.topology.cross_ranks, tag=4)
+            self.row, self.column = row, column
         counts = np.array(shares(buf.size, self.row.size), dtype=np.int64)
         displs = np.zeros_like(counts)
         np.cumsum(counts[:-1], out=displs[1:])
