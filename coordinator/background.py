@@ -1080,12 +1080,13 @@ class Background:
             msg.ParseFromString(payload)
             worked = True
             self.watchdog.heard(source)
-            if msg.shutdown and msg.shutdown_kind == pb.STALL:
-                # A worker gave up on this rank (it was stopped): so does the job.
-                self._fail_everywhere(f"rank {source}: {msg.shutdown_reason}")
-                return True
-            if msg.shutdown and msg.shutdown_kind == pb.BROKEN:
-                self._fail_everywhere(msg.shutdown_reason, pb.BROKEN)
+            if msg.shutdown and msg.shutdown_kind in FATAL_KINDS:
+                # A worker gave up on this rank (it was stopped: STALL), or
+                # failed its part of a collective (BROKEN, whose text names
+                # it): so does the job.
+                reason = (msg.shutdown_reason if msg.shutdown_kind == pb.BROKEN
+                          else f"rank {source}: {msg.shutdown_reason}")
+                self._fail_everywhere(reason, msg.shutdown_kind)
                 return True
             if msg.shutdown:
                 ctl.request_shutdown(source, msg.shutdown_reason)
@@ -1313,10 +1314,10 @@ class Background:
         """This rank cannot take its part in `resp`, which every member
         agreed to run: the others may be in it already and would wait for
         this rank forever (and the communicator's order is lost), so the job
-        fails on every rank with `text`. Where no other rank takes part, or
-        the job is shutting down anyway, this rank alone fails."""
-        others = self._partners(resp)
-        if others and not self.stopping:
+        fails on every rank with `text`. Where no other rank waits for it,
+        this rank alone fails."""
+        others = self._waiting_partners(resp)
+        if others:
             text = (f"{text}. Every member had agreed to run it, so {format_ranks(others)} "
                     f"cannot finish it without rank {self.rank}: the job cannot go on")
             self._tell_everyone(text, pb.BROKEN)
@@ -1336,8 +1337,12 @@ class Background:
         except Exception:  # the control plane may be what failed
             log.debug("rank %d could not tell the others", self.rank, exc_info=True)
 
-    def _partners(self, resp):
-        """The other ranks that take part in `resp`."""
+    def _waiting_partners(self, resp):
+        """The other ranks that take part in `resp` and would wait for this
+        one (none once the job is shutting down: a final grace bounds what
+        is left)."""
+        if self.stopping:
+            return []
         if resp.op == pb.P2P:
             ranks = resp.ranks
         else:
@@ -1549,7 +1554,7 @@ class Background:
         names = ", ".join(f"'{e.name}'" for e in entries if e is not None)
         text = (f"rank {self.rank}: {op_name(resp.op)} of tensor(s) {names} failed: "
                 f"{type(exc).__name__}: {exc}")
-        if self._partners(resp) and not self.stopping:
+        if self._waiting_partners(resp):
             self._break(resp, text)
             return
         err = HorovodInternalError(text)

@@ -754,10 +754,11 @@ def test_async_completion_on_device_arrays_at_np2(case, setting, job):
     once it is queued, and synchronize orders the caller's stream after it;
     without it, only those of tensors submitted in stream order do
     (collectives.in_stream_order), and a failure after that stops the job
-    either way (and shutdown() then aborts the NCCL communicators). Without it, a tensor held back for the busy lane is queued behind the
-    running call once a thread waits for it, or once that call should end
-    within DEVICE_HOLD_LEAD ("hold"). And the interpreter's switch interval
-    is short only while GPU work is in flight."""
+    either way (and shutdown() then aborts the NCCL communicators). Without
+    it, a tensor held back for the busy lane is queued behind the running
+    call once a thread waits for it, or once that call should end within
+    DEVICE_HOLD_LEAD ("hold"). And the interpreter's switch interval is
+    short only while GPU work is in flight."""
     cases = {"early": "with_it_a_handle_completes_once_queued_and_the_stream_waits,"
                       "a_grouped_allreduce_and_a_broadcast_complete_early_too",
              "late": "without_it_a_handle_waits_for_the_device,"

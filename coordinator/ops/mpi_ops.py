@@ -13,9 +13,9 @@ reaches that operation at the same point of its set's order), and freed when
 the set is removed; the host-aware algorithms get theirs the same way.
 `Create_group` blocks until every member has called it, so an operation
 makes its set's communicator (and the host-aware algorithms' ones) in a
-helper thread and waits for it like for any request: a member stopped just then leaves the background thread free
-to answer, and the watchdog names the stopped one (rather than the others
-naming this rank as silent). Its dtype policy is in mpi_reduce.py.
+helper thread and waits for it like for any request: a member stopped just
+then leaves the background thread free to answer, and the watchdog names
+the stopped one (rather than the others naming this rank as silent). Its dtype policy is in mpi_reduce.py.
 
 Device (CUDA) tensors never reach this backend: they go through NCCL
 (nccl_ops.py) or are staged through pinned host memory (staging.py), which
@@ -105,19 +105,15 @@ class Communicators:
         if comm is not None:
             return comm
         making = self._start(process_set_id)
-        while not making.ready():
-            yield making
+        yield from making.wait()
         return self._take(process_set_id, making)
 
     def group_when_ready(self, ranks, tag=0):
         """A generator: `group(ranks, tag)` made in a helper thread, yielding
         until it is (every member must reach it: see the module doc)."""
         making = _Making(lambda: self.group(ranks, tag))
-        while not making.ready():
-            yield making
-        if making.error is not None:
-            raise making.error
-        return making.comm
+        yield from making.wait()
+        return making.outcome()
 
     def _start(self, process_set_id):
         making = self._making.get(process_set_id)
@@ -133,10 +129,8 @@ class Communicators:
     def _take(self, process_set_id, making):
         if self._making.get(process_set_id) is making:
             del self._making[process_set_id]
-        if making.error is not None:
-            raise making.error
-        self._comms[process_set_id] = making.comm
-        return making.comm
+        comm = self._comms[process_set_id] = making.outcome()
+        return comm
 
     def group(self, ranks, tag=0):
         """A communicator over `ranks` (global), made by those ranks alone."""
@@ -189,6 +183,17 @@ class _Making:
 
     def ready(self):
         return self.done.is_set()
+
+    def wait(self):
+        """A generator: yields this until the communicator is made."""
+        while not self.ready():
+            yield self
+
+    def outcome(self):
+        """The communicator made, or the error making it raised."""
+        if self.error is not None:
+            raise self.error
+        return self.comm
 
 
 def mpi_cuda_aware(maps="/proc/self/maps"):
