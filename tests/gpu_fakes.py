@@ -368,10 +368,12 @@ class FakeNccl:
     def NcclCommunicator(self, size, uid, rank):
         """Over every rank, or over a group whose members share `uid`: then
         every rank of the world must be making one at the same time (as the
-        host-aware allreduce's host and cross-host groups are)."""
+        host-aware allreduce's host and cross-host groups are). Like NCCL's,
+        it returns only once every member has made it (a barrier)."""
         assert len(uid) == 128
         if size == self.comm.size:
             assert rank == self.comm.rank
+            self.comm.Barrier()
             return _FakeNcclComm(self, self.comm)
         founder, count = struct.unpack("<ii", bytes(uid[:8]))
         comm = self.comm.Split(founder * 4096 + count, rank)
@@ -526,6 +528,9 @@ class SoloComm:
 
     def Ibcast(self, buf, root=0):
         return self._copy(None, buf)
+
+    def Barrier(self):
+        pass
 
 
 class CheckedComm:

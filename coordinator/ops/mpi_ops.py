@@ -155,11 +155,15 @@ class Communicators:
         """Sends `payload` (bytes) from rank 0 of `comm` (a set's communicator,
         or one of group()) to its other ranks, without blocking: returns (a
         bytearray that holds it once the requests are done, their Requests).
-        The other ranks pass None."""
+        The other ranks pass None. The requests are done on a rank only once
+        every rank of `comm` has started them (a barrier goes with the
+        broadcast), so what a rank does next with the payload, if it blocks
+        until all the others do it too (joining an NCCL communicator), waits
+        only for ranks that are on their way."""
         buf = bytearray(nbytes)
         if comm.rank == 0:
             buf[:] = payload
-        return buf, Requests([comm.Ibcast([buf, MPI.BYTE], root=0)])
+        return buf, Requests([comm.Ibcast([buf, MPI.BYTE], root=0), comm.Ibarrier()])
 
 
 class _Making:

@@ -7,10 +7,14 @@ for the legacy default stream frameworks compute on), device fusion
 buffers and the kernels' tables. A lane is opened on the set's first GPU
 operation: the set's first member asks NCCL for a unique id and sends it to
 the others over the set's MPI communicator of the device lanes (a
-non-blocking broadcast); then every member joins the NCCL communicator,
-which blocks until all have. Lanes join in the order their first
-operations were planned, which is the same on every rank, so two sets
-opening at once cannot wait on each other.
+non-blocking broadcast, with a non-blocking barrier); once every member
+has reached that point, each joins the NCCL communicator, which blocks
+until all have (CuPy holds the GIL meanwhile). Waiting for the barrier
+first keeps the background thread running while a member is late (stopped,
+or still busy elsewhere), so the stall checks can name it; the blocking
+join then waits only for members already on their way. Lanes join in the
+order their first operations were planned, which is the same on every
+rank, so two sets opening at once cannot wait on each other.
 
 A stream per lane, not per device: the lanes of two sets start their
 operations independently (each when its previous one is done), so the
@@ -285,8 +289,9 @@ class NCCLOps:
 
     def _join(self, comm, device):
         """An NCCL communicator over the ranks of MPI communicator `comm`: its
-        rank 0 asks NCCL for an id and sends it to the others; then every
-        rank joins, in plan order (see the module doc)."""
+        rank 0 asks NCCL for an id and sends it to the others; once all have
+        reached this point, every rank joins, in plan order (see the module
+        doc)."""
         uid = _id_bytes(self.nccl.get_unique_id()) if comm.rank == 0 else None
         ticket = object()
         self._line.append(ticket)
