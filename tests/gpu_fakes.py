@@ -243,8 +243,9 @@ def fake_cupy(nccl=None, kernels=None):
             raise RuntimeError("no host kernels given to the fake CuPy")
         return kernels.function(name)
 
+    major = getattr(nccl, "cupy_major", 14)
     return types.SimpleNamespace(
-        __version__="14.0.0+fake", ndarray=FakeDeviceArray, cuda=cuda, empty=empty,
+        __version__=f"{major}.0.0+fake", ndarray=FakeDeviceArray, cuda=cuda, empty=empty,
         zeros=zeros, asarray=asarray, from_dlpack=from_dlpack, imported=imported,
         ascontiguousarray=ascontiguousarray, concatenate=concatenate, RawKernel=raw_kernel)
 
@@ -325,8 +326,14 @@ class FakeNccl:
     NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
     available = True
 
-    def __init__(self, comm, latency=None, bandwidth=None):
+    def __init__(self, comm, latency=None, bandwidth=None, cupy_major=14, unsigned_char=False):
         self.comm = comm
+        # CuPy 14 hands the unique id over as bytes; CuPy 13 as a tuple of C
+        # chars, signed on x86, unsigned on ARM (`unsigned_char`), and its
+        # NcclCommunicator rejects bytes (TypeError) and values out of the
+        # char's range (OverflowError), as Cython's conversions do.
+        self.cupy_major = cupy_major
+        self.unsigned_char = unsigned_char
         self.group = None
         self.calls = []  # (call, element count), for the tests
         self.call_times = []  # when each was queued (time.perf_counter())
@@ -347,9 +354,27 @@ class FakeNccl:
             _Stream.of(stream).spend(self.latency + nbytes / self.bandwidth)
 
     def get_unique_id(self):
-        """Unique per call and caller: the world rank and a count."""
+        """Unique per call and caller: the world rank and a count (with a
+        byte above 127, as real ids have)."""
         self._ids += 1
-        return struct.pack("<ii", self.comm.rank, self._ids) + bytes(120)
+        uid = struct.pack("<ii", self.comm.rank, self._ids) + bytes(119) + b"\xfe"
+        if self.cupy_major >= 14:
+            return uid
+        return struct.unpack("128" + ("B" if self.unsigned_char else "b"), uid)
+
+    def _id_in(self, uid):
+        """The id a NcclCommunicator was given, as bytes, checked as CuPy
+        checks it."""
+        if self.cupy_major >= 14:
+            if not isinstance(uid, bytes):
+                raise TypeError(f"CuPy 14 takes the unique id as bytes, not {type(uid)}")
+            return uid
+        if not isinstance(uid, tuple):
+            raise TypeError(f"CuPy 13 takes the unique id as a tuple, not {type(uid)}")
+        low, high = (0, 255) if self.unsigned_char else (-128, 127)
+        if not all(low <= c <= high for c in uid):
+            raise OverflowError("value too large to convert to char")
+        return bytes(c & 0xFF for c in uid)
 
     def get_version(self):
         return 22809
@@ -371,6 +396,7 @@ class FakeNccl:
         host-aware allreduce's host and cross-host groups are). Like NCCL's,
         it returns only once every member has made it (a barrier)."""
         assert len(uid) == 128
+        uid = self._id_in(uid)
         if size == self.comm.size:
             assert rank == self.comm.rank
             self.comm.Barrier()

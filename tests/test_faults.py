@@ -186,16 +186,17 @@ def test_a_rank_stopped_before_making_a_new_sets_communicator_is_named_not_its_p
 
 
 @pytest.mark.mpi
-def test_a_rank_stopped_before_joining_an_nccl_communicator_is_named_not_its_peers():
-    """Joining an NCCL communicator blocks until every member joins (and
-    CuPy holds the GIL meanwhile); the members first wait for each other
-    without blocking (a barrier beside the unique id's broadcast), so while
-    rank 1 is stopped just before it joins, rank 0 names it, nobody names
-    rank 0, and all finish once rank 1 runs again. Before, ranks 0 and 2
-    went straight into the join: their background threads sat there and no
-    stall check ran. On the fake NCCL of tests/gpu_fakes.py, whose join is a
+@pytest.mark.parametrize("where", ["before", "inside"])
+def test_a_rank_stopped_joining_an_nccl_communicator_is_named_not_its_peers(where):
+    """Joining an NCCL communicator blocks until every member joins; the
+    members first wait for each other without blocking (a barrier beside
+    the unique id's broadcast), then join in a helper thread, so while rank
+    1 is stopped just before the join or inside it, rank 0 names it, nobody
+    names rank 0, and all finish once rank 1 runs again. Before, ranks 0
+    and 2 joined in the background thread, which sat there, and no stall
+    check ran. On the fake NCCL of tests/gpu_fakes.py, whose join is a
     barrier as NCCL's is."""
-    proc = mpirun(["tests/scripts/stopped_before_nccl.py", "8"], np_=3,
+    proc = mpirun(["tests/scripts/stopped_before_nccl.py", where, "8"], np_=3,
                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2"}, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

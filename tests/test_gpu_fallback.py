@@ -38,6 +38,7 @@ import gpu_fakes  # noqa: E402
 from gpu_fakes import FakeDeviceArray  # noqa: E402
 
 from coordinator import collectives, dtypes, fusion, gpu  # noqa: E402
+from coordinator.ops.mpi_ops import Making  # noqa: E402
 from coordinator.tensor_queue import Entry  # noqa: E402
 from coordinator.wire import pb  # noqa: E402
 
@@ -61,11 +62,15 @@ def host_kernels():
 
 
 def drive(gen):
-    """Runs a backend generator to its result (every fake step is ready)."""
+    """Runs a backend generator to its result (every fake step is ready, but
+    for a communicator made in a helper thread, which takes a moment)."""
     try:
         waiting = next(gen)
         while True:
-            assert waiting.ready()
+            deadline = time.monotonic() + 30
+            while not waiting.ready():
+                assert isinstance(waiting, Making) and time.monotonic() < deadline
+                time.sleep(1e-3)
             waiting = gen.send(None)
     except StopIteration as stop:
         return stop.value
@@ -393,6 +398,37 @@ def test_nccl_fused_allreduce_is_one_call_between_one_pack_and_one_unpack(host_k
     for e, out in zip(entries, outs):
         np.testing.assert_allclose(out.get(), e.tensor.get() * 0.5)
         assert e.done_event is not None
+
+
+@pytest.mark.parametrize("major,unsigned", [(13, False), (13, True), (14, False)])
+def test_the_nccl_unique_id_reaches_cupy_in_the_form_its_version_takes(host_kernels,
+                                                                        monkeypatch, major,
+                                                                        unsigned):
+    """CuPy 14 takes NCCL's unique id as bytes; CuPy 13 as a tuple of C chars,
+    signed on x86 and unsigned on ARM (out of range: OverflowError). The id,
+    which has bytes above 127, goes from get_unique_id over MPI as bytes and
+    back into NcclCommunicator in the form this CuPy takes, as the fake
+    checks it; the other signedness is refused."""
+    from coordinator.ops import nccl_ops
+    from coordinator.timeline import Timeline
+
+    nccl = gpu_fakes.FakeNccl(gpu_fakes.SoloComm(), cupy_major=major, unsigned_char=unsigned)
+    monkeypatch.setitem(gpu._modules, "cupy", gpu_fakes.fake_cupy(nccl, host_kernels))
+
+    def allreduce():
+        ops = nccl_ops.NCCLOps(_SoloComms(), Timeline(), nccl)
+        e = _entry(pb.ALLREDUCE, np.arange(4, dtype=np.float32))
+        return drive(ops.allreduce(_response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM),
+                                   [e], ["t"]))
+
+    monkeypatch.setattr(nccl_ops, "UNSIGNED_CHAR", unsigned)
+    (out,) = allreduce()
+    np.testing.assert_array_equal(out.get(), np.arange(4, dtype=np.float32))
+    assert nccl.calls == [("allReduce", 4)]
+    if major < 14:
+        monkeypatch.setattr(nccl_ops, "UNSIGNED_CHAR", not unsigned)
+        with pytest.raises(OverflowError):
+            allreduce()
 
 
 def test_an_nccl_operation_waits_on_its_device_until_its_time_has_passed(host_kernels,

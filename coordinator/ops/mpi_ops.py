@@ -84,7 +84,7 @@ class Communicators:
         self.members = members  # process set id -> its global ranks
         self.tag = tag
         self._comms = {0: world} if reuse_world else {}
-        self._making = {}  # process set id -> _Making under way
+        self._making = {}  # process set id -> Making under way
 
     def __getitem__(self, process_set_id):
         """The set's communicator, made now if need be (blocks until every
@@ -111,7 +111,7 @@ class Communicators:
     def group_when_ready(self, ranks, tag=0):
         """A generator: `group(ranks, tag)` made in a helper thread, yielding
         until it is (every member must reach it: see the module doc)."""
-        making = _Making(lambda: self.group(ranks, tag))
+        making = Making(lambda: self.group(ranks, tag))
         yield from making.wait()
         return making.outcome()
 
@@ -123,7 +123,7 @@ class Communicators:
                 raise RuntimeError(f"this rank holds no communicator for process set "
                                    f"{process_set_id}")
             tag = self.tag + process_set_id
-            making = self._making[process_set_id] = _Making(lambda: self.group(ranks, tag))
+            making = self._making[process_set_id] = Making(lambda: self.group(ranks, tag))
         return making
 
     def _take(self, process_set_id, making):
@@ -166,9 +166,10 @@ class Communicators:
         return buf, Requests([comm.Ibcast([buf, MPI.BYTE], root=0), comm.Ibarrier()])
 
 
-class _Making:
-    """A communicator being made in a helper thread; `ready()` like a
-    request's."""
+class Making:
+    """A communicator being made in a helper thread (an MPI one here, an NCCL
+    one in nccl_ops), for calls that block until every member makes it;
+    `ready()` like a request's."""
 
     def __init__(self, make):
         self.comm = None

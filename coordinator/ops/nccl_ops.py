@@ -8,13 +8,15 @@ buffers and the kernels' tables. A lane is opened on the set's first GPU
 operation: the set's first member asks NCCL for a unique id and sends it to
 the others over the set's MPI communicator of the device lanes (a
 non-blocking broadcast, with a non-blocking barrier); once every member
-has reached that point, each joins the NCCL communicator, which blocks
-until all have (CuPy holds the GIL meanwhile). Waiting for the barrier
-first keeps the background thread running while a member is late (stopped,
-or still busy elsewhere), so the stall checks can name it; the blocking
-join then waits only for members already on their way. Lanes join in the
-order their first operations were planned, which is the same on every
-rank, so two sets opening at once cannot wait on each other.
+has reached that point, each joins the NCCL communicator
+(ncclCommInitRank, which blocks until all have) in a helper thread, which
+the operation waits for as for a request. So the background thread keeps
+running while a member is late or stopped, before or inside the join, and
+the stall checks can name it. (CuPy 13 releases the GIL in the join; an
+older one that holds it stops every thread there, which the barrier keeps
+to members already on their way.) Lanes join in the order their first
+operations were planned, which is the same on every rank, so two sets
+opening at once cannot wait on each other.
 
 A stream per lane, not per device: the lanes of two sets start their
 operations independently (each when its previous one is done), so the
@@ -67,6 +69,7 @@ Results the backend allocates come from CuPy's pool on the lane's stream.
 import collections
 import contextlib
 import logging
+import platform
 import struct
 
 import numpy as np
@@ -74,10 +77,13 @@ import numpy as np
 from coordinator import dtypes, gpu
 from coordinator.ops.device_fusion import Kernels, Tables
 from coordinator.ops import torus
-from coordinator.ops.mpi_ops import reducescatter_rows
+from coordinator.ops.mpi_ops import Making, reducescatter_rows
 from coordinator.wire import pb
 
 UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
+# Whether C's char is unsigned here (CuPy 13 passes the id as chars).
+UNSIGNED_CHAR = platform.machine().lower() in {"aarch64", "arm64", "armv7l", "ppc64le",
+                                                "ppc64", "s390x"}
 
 log = logging.getLogger("coordinator")
 
@@ -290,8 +296,8 @@ class NCCLOps:
     def _join(self, comm, device):
         """An NCCL communicator over the ranks of MPI communicator `comm`: its
         rank 0 asks NCCL for an id and sends it to the others; once all have
-        reached this point, every rank joins, in plan order (see the module
-        doc)."""
+        reached this point, every rank joins, in plan order and in a helper
+        thread (see the module doc)."""
         uid = _id_bytes(self.nccl.get_unique_id()) if comm.rank == 0 else None
         ticket = object()
         self._line.append(ticket)
@@ -299,21 +305,29 @@ class NCCLOps:
             received, sent = self.comms.share_on(comm, uid, UNIQUE_ID_BYTES)
             yield sent
             yield _Turn(self._line, ticket)
-            with self.cp.cuda.Device(device):
-                # Blocks until every member has joined; they all reach it next.
-                return self.nccl.NcclCommunicator(comm.size, self._id_for_cupy(received),
-                                                  comm.rank)
+            uid = self._id_for_cupy(received)
+            joining = Making(lambda: self._new_communicator(device, comm.size, uid, comm.rank))
+            yield from joining.wait()
+            return joining.outcome()
         finally:
             self._line.remove(ticket)
+
+    def _new_communicator(self, device, size, uid, rank):
+        """(In a helper thread.) Blocks until every member has joined; they
+        all reach it next."""
+        with self.cp.cuda.Device(device):
+            return self.nccl.NcclCommunicator(size, uid, rank)
 
     def _two_level(self, response):
         return self.topology is not None and torus.fits(response, self.topology)
 
     def _id_for_cupy(self, data):
-        """CuPy 14 takes the id as bytes, older versions as a tuple of chars."""
+        """CuPy 14 takes the id as bytes, older versions as a tuple of C
+        chars, which are unsigned on ARM, POWER and s390x (a signed value
+        there, or one above 127 on x86, raises OverflowError)."""
         if int(self.cp.__version__.split(".")[0]) >= 14:
             return bytes(data)
-        return struct.unpack(f"{len(data)}b", bytes(data))
+        return struct.unpack(f"{len(data)}{'B' if UNSIGNED_CHAR else 'b'}", bytes(data))
 
     @contextlib.contextmanager
     def _on(self, lane, entries):
@@ -624,7 +638,8 @@ class NCCLOps:
 
 
 def _id_bytes(uid):
-    """NCCL's unique id as bytes (CuPy 14 gives bytes, older a tuple of chars)."""
+    """NCCL's unique id as bytes (CuPy 14 gives bytes, older a tuple of C
+    chars: signed or not, as the platform's char is)."""
     if isinstance(uid, (bytes, bytearray)):
         return bytes(uid)
-    return struct.pack(f"{len(uid)}b", *uid)
+    return bytes(c & 0xFF for c in uid)

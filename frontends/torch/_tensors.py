@@ -84,7 +84,8 @@ def _cupy_stream(device):
         cp = core_gpu.cupy()
         stream = torch.cuda.current_stream(device)
         if hasattr(cp.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
-            wrapped = cp.cuda.Stream.from_external(stream)
+            with cp.cuda.Device(device):  # (it takes the current device for the stream's)
+                wrapped = cp.cuda.Stream.from_external(stream)
         else:  # CuPy before 14
             wrapped = cp.cuda.ExternalStream(stream.cuda_stream, device)
         _cupy_streams[(device, handle)] = wrapped

@@ -1,12 +1,16 @@
-"""Rank 1 is stopped (SIGSTOP) just before it joins the NCCL communicator of
-the job's first device operation (after the device lanes' MPI communicator is
-made, before the unique id is shared), and continued RESUME seconds later.
-On a machine without a GPU: the fake CuPy and NCCL of tests/gpu_fakes.py,
-whose join, like NCCL's, returns only once every member has joined. Run
-with HOROVOD_STALL_CHECK_TIME_SECONDS=2. The others wait for rank 1 before
-they join, without blocking their background threads, so rank 0 names rank
-1 and nobody names rank 0. Every rank prints `RANK r: done` once the
-allreduce is through."""
+"""Rank 1 is stopped (SIGSTOP) as it joins the NCCL communicator of the
+job's first device operation, and continued RESUME seconds later: `before`
+(after the device lanes' MPI communicator is made, before the unique id is
+shared) or `inside` the join itself (the others have joined already and wait
+there for it). On a machine without a GPU: the fake CuPy and NCCL of
+tests/gpu_fakes.py, whose join, like NCCL's, returns only once every member
+has joined. Run with HOROVOD_STALL_CHECK_TIME_SECONDS=2. The others wait for
+rank 1 without blocking their background threads, so rank 0 names rank 1
+and nobody names rank 0. Every rank prints `RANK r: done` once the
+allreduce is through.
+
+    mpirun -n 3 python tests/scripts/stopped_before_nccl.py before|inside [RESUME]
+"""
 
 import os
 import signal
@@ -25,25 +29,40 @@ import coordinator as hvd  # noqa: E402
 from coordinator import gpu  # noqa: E402
 from coordinator.ops import mpi_ops  # noqa: E402
 
-RESUME = float(sys.argv[1]) if len(sys.argv) > 1 else 8.0
+WHERE = sys.argv[1]
+RESUME = float(sys.argv[2]) if len(sys.argv) > 2 else 8.0
 
 me = MPI.COMM_WORLD.rank
 scratch = tempfile.mkdtemp(prefix=f"host-kernels-{me}-")
-gpu._modules["cupy"] = gpu_fakes.fake_cupy(gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup()),
-                                           gpu_fakes.HostKernels(scratch))
+nccl = gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup())
+gpu._modules["cupy"] = gpu_fakes.fake_cupy(nccl, gpu_fakes.HostKernels(scratch))
 
-if me == 1:
+
+def stop():
+    subprocess.Popen(["sh", "-c", f"sleep {RESUME}; kill -CONT {os.getpid()}"])
+    print(f"RANK {me}: stopping {WHERE} the join at {time.time():.3f}", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(0.5)  # the stop can land a moment after kill() returns
+
+
+if me == 1 and WHERE == "before":
     share_on = mpi_ops.Communicators.share_on
 
     def stop_then_share(comm, payload, nbytes):
         mpi_ops.Communicators.share_on = staticmethod(share_on)  # once
-        subprocess.Popen(["sh", "-c", f"sleep {RESUME}; kill -CONT {os.getpid()}"])
-        print(f"RANK {me}: stopping at {time.time():.3f}", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
-        time.sleep(0.5)  # the stop can land a moment after kill() returns
+        stop()
         return share_on(comm, payload, nbytes)
 
     mpi_ops.Communicators.share_on = staticmethod(stop_then_share)
+elif me == 1 and WHERE == "inside":
+    join = nccl.NcclCommunicator
+
+    def stop_then_join(size, uid, rank):
+        nccl.NcclCommunicator = join  # once
+        stop()
+        return join(size, uid, rank)
+
+    nccl.NcclCommunicator = stop_then_join
 
 hvd.init()
 x = gpu_fakes.FakeDeviceArray.of(np.full(3, me + 1.0, np.float32))
