@@ -294,22 +294,29 @@ class ReadyPoint:
     ready point not recorded yet is recorded (`record_pending`): else one
     could cover that wait, and two ranks that synchronized two lanes'
     operations in opposite orders would each have one collective wait for
-    the other's."""
+    the other's.
 
-    __slots__ = ("device", "stream", "_event", "__weakref__")
+    `early`: the event was recorded before the collective launched (any of
+    the above but a launch); then a backend that writes its results into
+    memory it takes from CuPy's pool at launch waits for `fence_events`
+    first."""
+
+    __slots__ = ("device", "stream", "_event", "early", "__weakref__")
 
     def __init__(self, device, stream):
         self.device = device
         self.stream = stream
         self._event = None
+        self.early = False
         if stream.ptr == _PER_THREAD_STREAM:
             self.event()
         else:
             with _pending_lock:
                 _pending.add(self)
 
-    def event(self):
-        """The event, recorded on the caller's stream on first use."""
+    def event(self, launch=False):
+        """The event, recorded on the caller's stream on first use (`launch`:
+        by the collective launching)."""
         with _pending_lock:
             if self._event is None:
                 cp = cupy()
@@ -317,7 +324,7 @@ class ReadyPoint:
                     event = cp.cuda.Event(disable_timing=True)
                     event.record(self.stream)
                 self._event = event
-                self.stream = None  # (done with it)
+                self.early = not launch
                 _pending.discard(self)
         return self._event
 
@@ -420,8 +427,34 @@ def ready_events(entries):
     for e in entries:
         point = e.ready_point if e is not None else None
         if point is not None and id(point) not in seen:
-            seen[id(point)] = point.event()
+            seen[id(point)] = point.event(launch=True)
     return list(seen.values())
+
+
+def fence_events(entries):
+    """What a backend's stream waits for before it writes results into memory
+    it takes from CuPy's pool now: an event recorded now on each caller's
+    stream where an entry's ready point was recorded early (ReadyPoint).
+    The pool hands out memory some earlier result held until its last
+    reference went; the caller's kernels that read that result were queued
+    on its stream before that, but maybe after the early event, so without
+    this the new result could be written over the old one while it is still
+    read. Where the ready points were recorded at launch (the usual case),
+    they cover those kernels already: no events. None can be recorded on
+    the per-thread default stream (only its own thread can); a caller's
+    reads on a stream other than the one it submitted on are its own
+    business, as with torch's allocator (Tensor.record_stream)."""
+    streams = {}
+    for e in entries:
+        point = e.ready_point if e is not None else None
+        if (point is not None and point.early and point.stream.ptr != _PER_THREAD_STREAM
+                and point.stream.ptr not in streams):
+            streams[point.stream.ptr] = point
+    events = []
+    for point in streams.values():
+        with cupy().cuda.Device(point.device):
+            events.append(record(point.stream))
+    return events
 
 
 class DeviceWait:

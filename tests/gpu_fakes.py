@@ -115,7 +115,11 @@ def aligned_copy(array):
 
 
 class _Event:
-    def __init__(self, **_):
+    """cupy.cuda.Event's keywords only; a timing-disabled one cannot be
+    timed (see _elapsed_ms)."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.disable_timing = disable_timing
         self.stream = None
         self.time = None
         self.done_at = 0.0
@@ -137,7 +141,7 @@ class _Stream:
     current = []
     made = []  # every stream, for the simulation's wait for the whole device
 
-    def __init__(self, null=False, non_blocking=False, **_):
+    def __init__(self, null=False, non_blocking=False, ptds=False):
         self.ptr = id(self)
         self.non_blocking = non_blocking
         self.waited = []
@@ -191,6 +195,19 @@ class _DeviceContext:
         pass
 
 
+def _elapsed_ms(start, end):
+    """cupy.cuda.get_elapsed_time: raises, as cudaEventElapsedTime fails, for
+    an event made with timing disabled, one never recorded, or one whose
+    work is not done yet."""
+    for event in (start, end):  # (a test's own stand-in may lack what it does not use)
+        if getattr(event, "disable_timing", False):
+            raise RuntimeError("cudaErrorInvalidResourceHandle: an event with timing "
+                               "disabled cannot be timed")
+        if getattr(event, "time", 0.0) is None or not event.done:
+            raise RuntimeError("cudaErrorNotReady: the event has not completed")
+    return (end.done_at - start.done_at) * 1e3
+
+
 def _memcpy(dst, src, nbytes, kind, stream):
     ctypes.memmove(dst, src, nbytes)
 
@@ -204,7 +221,7 @@ def fake_cupy(nccl=None, kernels=None):
     cuda = types.SimpleNamespace(
         Device=_DeviceContext, Stream=_Stream, Event=_Event, runtime=runtime,
         get_current_stream=lambda device_id=-1: _Stream.current_stream(),
-        get_elapsed_time=lambda start, end: (end.done_at - start.done_at) * 1e3,
+        get_elapsed_time=_elapsed_ms,
         alloc_pinned_memory=bytearray)
     if nccl is not None:
         cuda.nccl = nccl

@@ -56,9 +56,12 @@ def test_an_operation_in_flight_is_tested_for_the_whole_burst():
                                  ((0, 0), gpu.DeviceWait(0, [event]), lambda: event.reads)):
         ex = Executor()
         assert ex.start(_op(lane, waiting)) == []
-        before = tests()
-        assert ex.progress() == []
-        assert tests() > before + 1  # polled again and again for Executor.BURST
+        polls = []
+        for _ in range(5):  # (a busy machine may take the CPU away for a whole burst)
+            before = tests()
+            assert ex.progress() == []
+            polls.append(tests() - before)
+        assert max(polls) > 1, polls  # polled again and again for Executor.BURST
 
 
 def test_an_operation_that_finishes_during_the_burst_is_returned_by_that_call():

@@ -1,6 +1,7 @@
 """A rank that dies ends the job within seconds, naming the rank; no survivor
 hangs or finishes normally."""
 
+import re
 import time
 
 import pytest
@@ -200,7 +201,7 @@ def test_a_rank_stopped_joining_an_nccl_communicator_is_named_not_its_peers(wher
                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2"}, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "allreduce of tensor 'd': rank 1 has not answered for 2.0 s" in out, out
+    assert re.search(r"allreduce of tensor 'd': rank 1 has not answered for 2\.\d s", out), out
     assert "has not answered" not in out.replace("rank 1 has not answered", ""), out
     for rank in range(3):
         assert f"RANK {rank}: done" in out, out

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 
 import numpy as np
 import pytest
@@ -383,6 +384,77 @@ def _nccl_ops(host_kernels, monkeypatch, **timing):
     nccl = gpu_fakes.FakeNccl(gpu_fakes.SoloComm(), **timing)
     monkeypatch.setitem(gpu._modules, "cupy", gpu_fakes.fake_cupy(nccl, host_kernels))
     return NCCLOps(_SoloComms(), Timeline(), nccl), nccl
+
+
+def _until_waiting(gen):
+    """Runs a backend generator up to its first wait that is not ready yet
+    (a communicator made in a helper thread aside), and returns that; None
+    if it finished without one."""
+    try:
+        waiting = next(gen)
+        while True:
+            while isinstance(waiting, Making) and not waiting.ready():
+                time.sleep(1e-3)
+            if not waiting.ready():
+                return waiting
+            waiting = gen.send(None)
+    except StopIteration:
+        return None
+
+
+@pytest.mark.parametrize("op", ["allreduce", "allgather", "in place"])
+def test_a_result_from_the_pool_is_written_only_after_what_its_caller_queued_since(
+        host_kernels, monkeypatch, op):
+    """A ready event recorded before launch (the lane was idle at submission)
+    does not cover the kernels the caller queued afterwards, which may still
+    read an earlier result whose memory went back to CuPy's pool and is
+    handed out again for this operation's result: the lane's stream then
+    also waits for an event recorded at launch on the caller's stream
+    (gpu.fence_events), so the operation ends no sooner than those kernels.
+    Not for an output the caller gave (in place): nothing is taken from the
+    pool, and the collective starts as soon as its inputs are ready."""
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    caller = gpu_fakes._Stream(non_blocking=True)
+    kind = pb.ALLGATHER if op == "allgather" else pb.ALLREDUCE
+    e = _entry(kind, np.arange(4, dtype=np.float32))
+    if op == "in place":
+        e.output = e.tensor
+    e.ready_point = gpu.ReadyPoint(0, caller)
+    e.ready_point.event()  # at submission
+    caller.spend(60.0)  # then: kernels that read an earlier result, still running
+    fields = {"sizes": [4]} if kind == pb.ALLGATHER else {"reduce_op": pb.SUM}
+    response = _response(kind, pb.FLOAT32, **fields)
+    run = getattr(ops, "allgather" if kind == pb.ALLGATHER else "allreduce")
+    done = _until_waiting(run(response, [e], ["t"]))
+    if op == "in place":
+        assert done is None  # done at once: its input was ready
+    else:
+        assert done.events[-1].done_at >= caller.busy_until
+
+
+def test_staging_writes_a_result_from_the_pool_after_what_its_caller_queued_since(
+        fake_cupy):
+    """The same fence for the staging backend's device results (copied from
+    the host into memory from CuPy's pool)."""
+    ops, _ = _staged(fake_cupy)
+    caller = gpu_fakes._Stream(non_blocking=True)
+    e = _entry(pb.ALLGATHER, np.arange(4, dtype=np.float32))
+    e.ready_point = gpu.ReadyPoint(0, caller)
+    e.ready_point.event()  # at submission
+    caller.spend(60.0)
+    done = _until_waiting(ops.allgather(_response(pb.ALLGATHER, pb.FLOAT32, sizes=[4]), [e],
+                                        ["t"]))
+    assert done.events[-1].done_at >= caller.busy_until
+
+
+def test_no_fence_where_the_ready_event_was_recorded_at_launch(fake_cupy):
+    stream = gpu_fakes._Stream(non_blocking=True)
+    e = types.SimpleNamespace(ready_point=gpu.ReadyPoint(0, stream))
+    assert len(gpu.ready_events([e])) == 1  # recorded at launch
+    assert gpu.fence_events([e]) == []
+    early = types.SimpleNamespace(ready_point=gpu.ReadyPoint(0, stream))
+    early.ready_point.event()
+    assert len(gpu.fence_events([early, early, e])) == 1  # once per stream
 
 
 def test_nccl_fused_allreduce_is_one_call_between_one_pack_and_one_unpack(host_kernels,

@@ -213,6 +213,7 @@ class NCCLOps:
         # The host layout where host-aware allreduce is asked for, else None.
         self.topology = topology
         self._groups = {}  # ("local" or "cross", device) -> _Lane
+        self._fencing = None  # (lane, entries) of the operation in _on, until fenced
         self.two_level_calls = 0
         self._types = {pb.INT8: nccl.NCCL_INT8, pb.UINT8: nccl.NCCL_UINT8,
                        pb.INT32: nccl.NCCL_INT32, pb.INT64: nccl.NCCL_INT64,
@@ -332,12 +333,28 @@ class NCCLOps:
     @contextlib.contextmanager
     def _on(self, lane, entries):
         """The lane's device and stream current, its stream waiting for the
-        entries' ready events."""
+        entries' ready events (and, before the first result is made
+        (_result), for gpu.fence_events)."""
         lane.turn()
         with self.cp.cuda.Device(lane.device), lane.stream:
             for event in gpu.ready_events(entries):
                 lane.stream.wait_event(event)
-            yield
+            self._fencing = (lane, entries)
+            try:
+                yield
+            finally:
+                self._fencing = None
+
+    def _result(self, shape, dtype):
+        """A new device array for a result (inside `_on`): memory from CuPy's
+        pool, which the lane's stream may write only once what the callers
+        queued that could still read it is done (gpu.fence_events)."""
+        if self._fencing is not None:
+            lane, entries = self._fencing
+            self._fencing = None
+            for event in gpu.fence_events(entries):
+                lane.stream.wait_event(event)
+        return self.cp.empty(shape, dtype)
 
     def _finish(self, lane, entries, names, activity, results, keep=None, phases=None,
                 timing=None):
@@ -378,7 +395,7 @@ class NCCLOps:
     def _outputs(self, response, entries):
         """Each entry's output: its own, or a new device array (inside `_on`)."""
         storage = self._storage(response.dtype)
-        return [e.output if e.output is not None else self.cp.empty(e.shape, storage)
+        return [e.output if e.output is not None else self._result(e.shape, storage)
                 for e in entries]
 
     @staticmethod
@@ -495,7 +512,7 @@ class NCCLOps:
         storage = self._storage(response.dtype)
         rows = np.asarray(response.sizes, dtype=np.int64).reshape(len(entries), size)
         with self._on(lane, entries):
-            outputs = [self.cp.empty((int(rows[i].sum()),) + tuple(e.shape[1:]), storage)
+            outputs = [self._result((int(rows[i].sum()),) + tuple(e.shape[1:]), storage)
                        for i, e in enumerate(entries)]
             self.nccl.groupStart()
             try:
@@ -519,7 +536,7 @@ class NCCLOps:
         lane = yield from self._lane(response, entries)
         storage = self._storage(response.dtype)
         with self._on(lane, entries):
-            outputs = [e.output if e.output is not None else self.cp.empty(e.shape, storage)
+            outputs = [e.output if e.output is not None else self._result(e.shape, storage)
                        for e in entries]
             self.nccl.groupStart()
             try:
@@ -548,7 +565,7 @@ class NCCLOps:
         send_starts, recv_starts = _starts(send_counts), _starts(recv_counts)
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
-            out = cp.empty((int(recv_rows.sum()),) + tuple(e.shape[1:]), storage)
+            out = self._result((int(recv_rows.sum()),) + tuple(e.shape[1:]), storage)
             src, dst = e.tensor.data.ptr, out.data.ptr
             if recv_counts[me]:
                 cp.cuda.runtime.memcpyAsync(dst + recv_starts[me], src + send_starts[me],
@@ -599,7 +616,7 @@ class NCCLOps:
                 segments.append((0, block - blocks[r]))  # padding
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
-            outputs = [cp.empty((rows[i][me],) + tuple(e.shape[1:]), storage)
+            outputs = [self._result((rows[i][me],) + tuple(e.shape[1:]), storage)
                        for i, e in enumerate(entries)]
             if block:
                 send = lane.buffer(cp, "send", block * size, buf_dtype)
@@ -627,7 +644,7 @@ class NCCLOps:
                     lane.comm.send(data.data.ptr, data.nbytes, self.nccl.NCCL_UINT8, receiver,
                                    lane.stream.ptr)
             else:
-                result = self.cp.empty(tuple(spec.shape), self._storage(spec.dtype))
+                result = self._result(tuple(spec.shape), self._storage(spec.dtype))
                 activity = "NCCL_RECV"
                 if result.nbytes:
                     lane.comm.recv(result.data.ptr, result.nbytes, self.nccl.NCCL_UINT8,
