@@ -210,6 +210,11 @@ class Collaborators:
     check_dead: Callable[[], list]  # peers found dead since the last call
 
 
+def _pair(resp):
+    """A send/recv's two ranks (global, in order), else ()."""
+    return tuple(sorted(resp.ranks)) if resp.op == pb.P2P else ()
+
+
 class Background:
     def __init__(self, parts: Collaborators):
         self.parts = parts
@@ -1092,9 +1097,9 @@ class Background:
                 ctl.request_shutdown(source, msg.shutdown_reason)
             if msg.report:
                 self.watchdog.report(
-                    source, [(f.process_set_id, f.name, f.op, f.seconds, f.device, f.seq)
-                             for f in msg.in_flight],
-                    positions={(p.process_set_id, p.device): p.started
+                    source, [(f.process_set_id, f.name, f.op, f.seconds, f.device, f.seq,
+                              tuple(f.pair)) for f in msg.in_flight],
+                    positions={(p.process_set_id, p.device, *p.pair): p.started
                                for p in msg.positions})
                 self.channel.send(source, TAG_RESPONSE, b"")  # an empty answer: alive
                 self._woken = True  # a worker waits: take part in a cycle
@@ -1221,15 +1226,16 @@ class Background:
         return self._watch_coordinator(now)
 
     def _own_ops(self):
-        """(set, name, op, start time, device, place in its lane) of what is
-        in flight here, for the watchdog."""
+        """(set, name, op, start time, device, place in its lane, pair) of
+        what is in flight here, for the watchdog (pair: a send/recv's two
+        ranks, else ())."""
         ops = [(op.response.process_set_id, op.names[0] if op.names else "", op.response.op,
-                op.started, op.response.device, op.seq)
+                op.started, op.response.device, op.seq, _pair(op.response))
                for op in self.executor.in_flight() if op.started is not None]
         if self.cycle.in_flight:
-            ops.append((0, NEGOTIATION, pb.BARRIER, self.cycle.posted_at, -1, 0))
+            ops.append((0, NEGOTIATION, pb.BARRIER, self.cycle.posted_at, -1, 0, ()))
         elif self.round is not None:
-            ops.append((0, NEGOTIATION, pb.BARRIER, self._round_started, -1, 0))
+            ops.append((0, NEGOTIATION, pb.BARRIER, self._round_started, -1, 0, ()))
         return ops
 
     def _watch_members(self, now):
@@ -1260,15 +1266,16 @@ class Background:
         sent = False
         if self._pinged or watch.report_due(busy, now):
             self._pinged = False
-            items = [(pset, name, op, now - started, device, seq)
-                     for pset, name, op, started, device, seq in self._own_ops()
+            items = [(pset, name, op, now - started, device, seq, pair)
+                     for pset, name, op, started, device, seq, pair in self._own_ops()
                      if now - started >= watch.period]
             msg = pb.RequestList(report=True)
-            for pset, name, op, seconds, device, seq in items:
+            for pset, name, op, seconds, device, seq, pair in items:
                 msg.in_flight.add(process_set_id=pset, name=name, op=op, seconds=seconds,
-                                  device=device, seq=seq)
-            for (pset, device), started in self.lane_counts.items():
-                msg.positions.add(process_set_id=pset, device=device, started=started)
+                                  device=device, seq=seq, pair=pair)
+            for (pset, device, *pair), started in self.lane_counts.items():
+                msg.positions.add(process_set_id=pset, device=device, started=started,
+                                  pair=pair)
             self.channel.send(0, TAG_REQUEST, msg.SerializeToString())
             watch.sent_report(bool(items), now)
             sent = True
@@ -1483,8 +1490,10 @@ class Background:
         # communicator and the set's MPI one run side by side).
         lane = (resp.process_set_id, resp.device)
         operation = Operation(resp, entries, shown, lane, gen, traced)
-        if op != pb.P2P:  # every member starts these, in one order per lane
-            operation.seq = self.lane_counts[lane] = self.lane_counts.get(lane, 0) + 1
+        # Every member starts these in one order per lane; a send/recv's two
+        # ranks start theirs in one order per pair.
+        counted = lane + _pair(resp)
+        operation.seq = self.lane_counts[counted] = self.lane_counts.get(counted, 0) + 1
         done = self.executor.start(operation)
         self._complete_queued()
         for op in done:

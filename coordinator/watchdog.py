@@ -56,11 +56,13 @@ def _what(pset, name, op):
 class InFlightOp:
     """A collective some rank has had in flight since `started`; `seq` is its
     place among the operations of its lane (the set's communicator on
-    `device`), from 1; 0 where it is not counted."""
+    `device`), from 1; 0 where it is not counted. A send/recv has its two
+    ranks as `pair`: only they take part, and its seq counts the send/recvs
+    between them."""
 
-    __slots__ = ("process_set_id", "name", "op", "started", "ranks", "device", "seq")
+    __slots__ = ("process_set_id", "name", "op", "started", "ranks", "device", "seq", "pair")
 
-    def __init__(self, process_set_id, name, op, started, ranks=(), device=-1, seq=0):
+    def __init__(self, process_set_id, name, op, started, ranks=(), device=-1, seq=0, pair=()):
         self.process_set_id = process_set_id
         self.name = name
         self.op = op
@@ -68,10 +70,15 @@ class InFlightOp:
         self.ranks = set(ranks)  # ranks known to be running it
         self.device = device
         self.seq = seq
+        self.pair = tuple(pair)
 
     @property
     def lane(self):
-        return (self.process_set_id, self.device)
+        return (self.process_set_id, self.device) + self.pair
+
+    def members(self, members_of):
+        """The ranks that take part in it."""
+        return self.pair or members_of(self.process_set_id) or ()
 
     def describe(self):
         if self.name.startswith("("):  # not a tensor: the negotiation itself
@@ -91,7 +98,7 @@ class Watchdog:
         self._heard = {}  # rank -> when rank 0 last heard from it
         self._silent_since = {}  # rank -> first ping it has not answered
         self._pinged = {}  # rank -> last ping
-        self._reports = {}  # rank -> (when, [(pset, name, op, seconds, device, seq)])
+        self._reports = {}  # rank -> (when, [(pset, name, op, seconds, device, seq[, pair])])
         self._positions = {}  # rank -> (when, {lane: operations started there})
         self._absent_since = {}  # (rank, lane, seq) -> first seen not to have started it
         self._warned = {}  # rank -> last warning about it
@@ -107,8 +114,10 @@ class Watchdog:
 
     def report(self, rank, items, now=None, positions=None):
         """`rank`'s collectives in flight for a while: (process set, name, op,
-        seconds, device, seq) each; replaces its previous report.
-        `positions`: {(process set, device): operations it started there}."""
+        seconds, device, seq[, pair]) each (pair: a send/recv's two ranks);
+        replaces its previous report. `positions`: {(process set, device):
+        operations it started there, (process set, device, a, b):
+        send/recvs between ranks a and b}."""
         now = self.clock() if now is None else now
         self.heard(rank, now)
         if items:
@@ -120,28 +129,30 @@ class Watchdog:
 
     def _long_ops(self, now, own):
         ops = {}
-        for pset, name, op, started, device, seq in own:
+        for pset, name, op, started, device, seq, *pair in own:
             if now - started >= self.period:
-                item = ops.setdefault((pset, name, device, seq),
-                                      InFlightOp(pset, name, op, started, (), device, seq))
+                pair = tuple(pair[0]) if pair else ()
+                item = ops.setdefault((pset, name, device, seq, pair),
+                                      InFlightOp(pset, name, op, started, (), device, seq, pair))
                 item.ranks.add(self.rank)
         for rank, (when, items) in list(self._reports.items()):
             if now - when > 3 * self.period:  # no report since: it finished them
                 del self._reports[rank]
                 continue
-            for pset, name, op, seconds, device, seq in items:
+            for pset, name, op, seconds, device, seq, *pair in items:
                 started = when - seconds
-                item = ops.setdefault((pset, name, device, seq),
-                                      InFlightOp(pset, name, op, started, (), device, seq))
+                pair = tuple(pair[0]) if pair else ()
+                item = ops.setdefault((pset, name, device, seq, pair),
+                                      InFlightOp(pset, name, op, started, (), device, seq, pair))
                 item.started = min(item.started, started)
                 item.ranks.add(rank)
         return [op for op in ops.values() if now - op.started >= self.period]
 
     def inspect(self, own, members_of, now=None, own_positions=None):
         """Looks at the collectives in flight: `own` lists rank 0's as
-        (process set, name, op, start time, device, seq); `members_of(pset)`
-        gives a set's ranks; `own_positions` is rank 0's count of operations
-        started per lane. Returns (ranks to ping now, warning texts, fatal
+        (process set, name, op, start time, device, seq[, pair]);
+        `members_of(pset)` gives a set's ranks; `own_positions` is rank 0's
+        count of operations started per lane (and pair). Returns (ranks to ping now, warning texts, fatal
         text or None)."""
         now = self.clock() if now is None else now
         pings, suspects = set(), {}
@@ -149,7 +160,7 @@ class Watchdog:
             return pings, [], None
         absent, absent_since = {}, {}
         for op in self._long_ops(now, own):
-            for member in members_of(op.process_set_id) or ():
+            for member in op.members(members_of):
                 heard = now - self._heard.get(member, -1e18) if member != self.rank else 0.0
                 if heard >= self.period:
                     self._ping(member, now, pings)

@@ -105,8 +105,8 @@ def test_rank_0_itself_behind_is_named():
 
 
 def test_uncounted_work_never_names_a_member_that_answers():
-    """A negotiation cycle (or a send/recv) has no place in a lane: members
-    that answer are never named for it."""
+    """A negotiation cycle has no place in a lane: members that answer are
+    never named for it."""
     dog, clock = _dog()
     own = [(0, "(a negotiation cycle)", pb.BARRIER, clock.now, -1, 0)]
     warnings, fatal = _run(dog, clock, clock.now + 10, own, positions={2: {LANE: 0}},
@@ -157,3 +157,48 @@ def test_inside_says_which_long_collective_a_rank_is_in():
     clock.now += 3 * dog.period + 0.1
     assert dog.inside(2, own) is None  # its report is stale: it may be done
     assert dog.inside(0, [(0, "c", pb.ALLREDUCE, clock.now, -1, 5)]) is None  # just started
+
+
+PAIR_LANE = (0, -1, 0, 1)  # the send/recvs between ranks 0 and 1 of the global set
+
+
+def _p2p(started, seq=3):
+    """Rank 0 sends 'msg' to rank 1: the seq-th send/recv between them."""
+    return [(0, "msg", pb.P2P, started, -1, seq, (0, 1))]
+
+
+def test_a_send_recv_pings_and_names_only_its_two_ranks():
+    """Only its sender and receiver take part in a send/recv: rank 2, silent
+    too, is neither pinged nor named for it; rank 1 is."""
+    dog, clock = _dog()
+    own, pinged, warnings, fatal = _p2p(clock.now), set(), [], None
+    end = clock.now + 10
+    while clock.now < end and fatal is None:  # nobody answers
+        pings, said, fatal = dog.inspect(own, MEMBERS, own_positions={PAIR_LANE: 3})
+        pinged |= pings
+        warnings += said
+        clock.now += 0.25
+    assert pinged == {1}
+    assert warnings and all(w.startswith("send/recv of tensor 'msg': rank 1 has not answered")
+                            for w in warnings), warnings
+    assert fatal is not None and "rank 1 has not answered" in fatal and "rank 2" not in fatal
+
+
+def test_send_recvs_are_counted_per_pair():
+    """Rank 1 answers but has started only 2 of the 3 send/recvs between
+    ranks 0 and 1 that rank 0 has: it is named (its count on the set's lane
+    plays no part); once it has started the third, nobody is."""
+    dog, clock = _dog()
+    behind = {1: {PAIR_LANE: 2, LANE: 9}, 2: {LANE: 9}}
+    warnings, fatal = _run(dog, clock, clock.now + 10, _p2p(clock.now), answers=(1, 2),
+                           positions=behind, own_positions={PAIR_LANE: 3, LANE: 9},
+                           running=())
+    assert fatal is not None and fatal.startswith(
+        "Stalled send/recv of tensor 'msg': rank 1 answers but has not started it"), fatal
+    assert "rank 2" not in fatal
+    dog, clock = _dog()
+    started = {1: {PAIR_LANE: 3, LANE: 0}, 2: {LANE: 0}}
+    warnings, fatal = _run(dog, clock, clock.now + 10, _p2p(clock.now), answers=(1, 2),
+                           positions=started, own_positions={PAIR_LANE: 3, LANE: 9},
+                           running=())
+    assert warnings == [] and fatal is None
