@@ -63,7 +63,8 @@ cross-host NCCL communicators are made on first use like a lane's, their
 ids sent over MPI communicators of the same groups.
 
 One GPU per process and set: a rank's tensors of one set live on one device.
-Results the backend allocates come from CuPy's pool on the lane's stream.
+Results the backend allocates come from CuPy's pool on the lane's stream,
+which writes them only after gpu.fence_events (_result).
 """
 
 import collections
