@@ -299,15 +299,17 @@ class ReadyPoint:
     `early`: the event was recorded before the collective launched (any of
     the above but a launch); then a backend that writes its results into
     memory it takes from CuPy's pool at launch waits for `fence_events`
-    first."""
+    first. `waits`: how many waits for operations its stream had been given
+    then (_stream_waits)."""
 
-    __slots__ = ("device", "stream", "_event", "early", "__weakref__")
+    __slots__ = ("device", "stream", "_event", "early", "waits", "__weakref__")
 
     def __init__(self, device, stream):
         self.device = device
         self.stream = stream
         self._event = None
         self.early = False
+        self.waits = 0
         if stream.ptr == _PER_THREAD_STREAM:
             self.event()
         else:
@@ -325,15 +327,19 @@ class ReadyPoint:
                     event.record(self.stream)
                 self._event = event
                 self.early = not launch
+                self.waits = _stream_waits.get(self.stream.ptr, 0)
                 _pending.discard(self)
         return self._event
 
 
 # Ready points whose events are not recorded yet (weakly: one whose entries
 # never launch goes with them), and the lock that makes recording one happen
-# once, whichever thread asks first.
+# once, whichever thread asks first. Under it too: how many waits for
+# operations each caller's stream (by pointer) was given by
+# DeviceWait.order_current_stream (see fence_events).
 _pending = weakref.WeakSet()
 _pending_lock = threading.Lock()
+_stream_waits = collections.Counter()
 
 
 def record_pending():
@@ -443,17 +449,23 @@ def fence_events(entries):
     they cover those kernels already: no events. None can be recorded on
     the per-thread default stream (only its own thread can); a caller's
     reads on a stream other than the one it submitted on are its own
-    business, as with torch's allocator (Tensor.record_stream)."""
-    streams = {}
-    for e in entries:
-        point = e.ready_point if e is not None else None
-        if (point is not None and point.early and point.stream.ptr != _PER_THREAD_STREAM
-                and point.stream.ptr not in streams):
-            streams[point.stream.ptr] = point
-    events = []
-    for point in streams.values():
-        with cupy().cuda.Device(point.device):
-            events.append(record(point.stream))
+    business, as with torch's allocator (Tensor.record_stream).
+
+    Nor where the stream was made to wait for an operation since the ready
+    point (a synchronize, with asynchronous completion): the event would
+    cover that wait, and one collective waiting for another, on two lanes
+    in opposite orders on two ranks, would wait forever (as ReadyPoint
+    says). There the hazard stays: asynchronous completion only."""
+    streams, events = {}, []
+    with _pending_lock:  # (no wait lands between the check and the record)
+        for e in entries:
+            point = e.ready_point if e is not None else None
+            if (point is not None and point.early and point.stream.ptr != _PER_THREAD_STREAM
+                    and _stream_waits[point.stream.ptr] == point.waits):
+                streams.setdefault(point.stream.ptr, point)
+        for point in streams.values():
+            with cupy().cuda.Device(point.device):
+                events.append(record(point.stream))
     return events
 
 
@@ -535,5 +547,7 @@ class DeviceWait:
             return
         record_pending()  # (ReadyPoint: none may come to cover this wait)
         stream = current_stream(self.device)
-        for event in self.events:
-            stream.wait_event(event)
+        with _pending_lock:  # (nor may a fence: fence_events)
+            _stream_waits[stream.ptr] += 1
+            for event in self.events:
+                stream.wait_event(event)

@@ -457,6 +457,26 @@ def test_no_fence_where_the_ready_event_was_recorded_at_launch(fake_cupy):
     assert len(gpu.fence_events([early, early, e])) == 1  # once per stream
 
 
+def test_no_fence_that_would_cover_a_wait_for_an_operation(fake_cupy):
+    """Once a synchronize (asynchronous completion) made the stream wait for
+    an operation after the ready point was recorded, a fence there would
+    make this collective wait for that one: on two lanes, synchronized in
+    opposite orders on two ranks, each would wait for the other's. So there
+    is none."""
+    stream = gpu_fakes._Stream(non_blocking=True)
+    early = types.SimpleNamespace(ready_point=gpu.ReadyPoint(0, stream))
+    early.ready_point.event()
+    running = gpu_fakes._Event()
+    running.done_at = float("inf")  # another operation, still running
+    with stream:
+        gpu.DeviceWait(0, [running]).order_current_stream()
+    assert running in stream.waited
+    assert gpu.fence_events([early]) == []
+    later = types.SimpleNamespace(ready_point=gpu.ReadyPoint(0, stream))
+    later.ready_point.event()  # after the wait: a fence covers nothing it should not
+    assert len(gpu.fence_events([later])) == 1
+
+
 def test_nccl_fused_allreduce_is_one_call_between_one_pack_and_one_unpack(host_kernels,
                                                                           monkeypatch):
     ops, nccl = _nccl_ops(host_kernels, monkeypatch)
