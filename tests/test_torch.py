@@ -161,3 +161,52 @@ def test_cuda_tensors_are_staged_through_host_memory_and_written_back():
     assert isinstance(b.array, np.ndarray) and b.staged
     b.array[:] = 7
     assert b.written() is t and torch.equal(t.cpu(), torch.full((6,), 7.0))
+
+
+@pytest.mark.parametrize("cupy_14", [True, False])
+def test_torchs_stream_is_wrapped_for_cupy_on_its_own_device(monkeypatch, cupy_14):
+    """CuPy 14's Stream.from_external takes the stream's device from the
+    current one: it is made with the tensor's device current (a stream
+    wrapped for another device would make `with stream` raise there).
+    Older CuPy: ExternalStream, told the device. Once per torch stream."""
+    import types
+
+    from coordinator import gpu
+
+    current, made = [], []
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            current.append(self.device)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    def from_external(stream):
+        made.append(("from_external", current[-1] if current else None))
+        return object()
+
+    def external(ptr, device):
+        made.append(("ExternalStream", device))
+        return object()
+
+    stream_class = types.SimpleNamespace(**({"from_external": from_external} if cupy_14 else {}))
+    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device, Stream=stream_class,
+                                                          ExternalStream=external))
+
+    class TorchStream:
+        cuda_stream = 0x1234
+
+        def __cuda_stream__(self):
+            return (0, self.cuda_stream)
+
+    monkeypatch.setitem(gpu._modules, "cupy", cp)
+    monkeypatch.setattr(_tensors, "_raw_stream", lambda device: 0x1234)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: TorchStream())
+    monkeypatch.setattr(_tensors, "_cupy_streams", {})
+    first = _tensors._cupy_stream(1)
+    assert _tensors._cupy_stream(1) is first
+    assert made == [("from_external", 1) if cupy_14 else ("ExternalStream", 1)]
