@@ -469,6 +469,23 @@ def fence_events(entries):
     return events
 
 
+class Fence:
+    """For one operation: `empty()` gives a new device array for a result,
+    from CuPy's pool, with `stream` made to wait for fence_events(entries)
+    first (once, at the first result; none if the operation makes none)."""
+
+    def __init__(self, stream, entries):
+        self.stream = stream
+        self.entries = entries
+
+    def empty(self, shape, dtype):
+        if self.entries is not None:
+            for event in fence_events(self.entries):
+                self.stream.wait_event(event)
+            self.entries = None
+        return cupy().empty(shape, dtype)
+
+
 class DeviceWait:
     """Work queued on a device: the background thread polls `ready()` (an
     event query, never blocking); `order_current_stream()` makes the

@@ -129,31 +129,31 @@ class Watchdog:
 
     def _long_ops(self, now, own):
         ops = {}
-        for pset, name, op, started, device, seq, *pair in own:
+
+        def running(rank, pset, name, op, started, device, seq, pair=()):
+            pair = tuple(pair)
+            item = ops.setdefault((pset, name, device, seq, pair),
+                                  InFlightOp(pset, name, op, started, (), device, seq, pair))
+            item.started = min(item.started, started)
+            item.ranks.add(rank)
+
+        for pset, name, op, started, *where in own:
             if now - started >= self.period:
-                pair = tuple(pair[0]) if pair else ()
-                item = ops.setdefault((pset, name, device, seq, pair),
-                                      InFlightOp(pset, name, op, started, (), device, seq, pair))
-                item.ranks.add(self.rank)
+                running(self.rank, pset, name, op, started, *where)
         for rank, (when, items) in list(self._reports.items()):
             if now - when > 3 * self.period:  # no report since: it finished them
                 del self._reports[rank]
                 continue
-            for pset, name, op, seconds, device, seq, *pair in items:
-                started = when - seconds
-                pair = tuple(pair[0]) if pair else ()
-                item = ops.setdefault((pset, name, device, seq, pair),
-                                      InFlightOp(pset, name, op, started, (), device, seq, pair))
-                item.started = min(item.started, started)
-                item.ranks.add(rank)
+            for pset, name, op, seconds, *where in items:
+                running(rank, pset, name, op, when - seconds, *where)
         return [op for op in ops.values() if now - op.started >= self.period]
 
     def inspect(self, own, members_of, now=None, own_positions=None):
         """Looks at the collectives in flight: `own` lists rank 0's as
         (process set, name, op, start time, device, seq[, pair]);
         `members_of(pset)` gives a set's ranks; `own_positions` is rank 0's
-        count of operations started per lane (and pair). Returns (ranks to ping now, warning texts, fatal
-        text or None)."""
+        count of operations started per lane (and pair). Returns (ranks to
+        ping now, warning texts, fatal text or None)."""
         now = self.clock() if now is None else now
         pings, suspects = set(), {}
         if not self.enabled:

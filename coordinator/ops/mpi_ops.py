@@ -15,7 +15,8 @@ the set is removed; the host-aware algorithms get theirs the same way.
 makes its set's communicator (and the host-aware algorithms' ones) in a
 helper thread and waits for it like for any request: a member stopped just
 then leaves the background thread free to answer, and the watchdog names
-the stopped one (rather than the others naming this rank as silent). Its dtype policy is in mpi_reduce.py.
+the stopped one (rather than the others naming this rank as silent). Its
+dtype policy is in mpi_reduce.py.
 
 Device (CUDA) tensors never reach this backend: they go through NCCL
 (nccl_ops.py) or are staged through pinned host memory (staging.py), which

@@ -64,7 +64,7 @@ ids sent over MPI communicators of the same groups.
 
 One GPU per process and set: a rank's tensors of one set live on one device.
 Results the backend allocates come from CuPy's pool on the lane's stream,
-which writes them only after gpu.fence_events (_result).
+which writes them only after gpu.fence_events (gpu.Fence).
 """
 
 import collections
@@ -214,7 +214,7 @@ class NCCLOps:
         # The host layout where host-aware allreduce is asked for, else None.
         self.topology = topology
         self._groups = {}  # ("local" or "cross", device) -> _Lane
-        self._fencing = None  # (lane, entries) of the operation in _on, until fenced
+        self._fence = None  # gpu.Fence of the operation in _on
         self.two_level_calls = 0
         self._types = {pb.INT8: nccl.NCCL_INT8, pb.UINT8: nccl.NCCL_UINT8,
                        pb.INT32: nccl.NCCL_INT32, pb.INT64: nccl.NCCL_INT64,
@@ -334,28 +334,20 @@ class NCCLOps:
     @contextlib.contextmanager
     def _on(self, lane, entries):
         """The lane's device and stream current, its stream waiting for the
-        entries' ready events (and, before the first result is made
-        (_result), for gpu.fence_events)."""
+        entries' ready events; new results come from `_result` (gpu.Fence)."""
         lane.turn()
         with self.cp.cuda.Device(lane.device), lane.stream:
             for event in gpu.ready_events(entries):
                 lane.stream.wait_event(event)
-            self._fencing = (lane, entries)
+            self._fence = gpu.Fence(lane.stream, entries)
             try:
                 yield
             finally:
-                self._fencing = None
+                self._fence = None
 
     def _result(self, shape, dtype):
-        """A new device array for a result (inside `_on`): memory from CuPy's
-        pool, which the lane's stream may write only once what the callers
-        queued that could still read it is done (gpu.fence_events)."""
-        if self._fencing is not None:
-            lane, entries = self._fencing
-            self._fencing = None
-            for event in gpu.fence_events(entries):
-                lane.stream.wait_event(event)
-        return self.cp.empty(shape, dtype)
+        """A new device array for a result (inside `_on`)."""
+        return self._fence.empty(shape, dtype)
 
     def _finish(self, lane, entries, names, activity, results, keep=None, phases=None,
                 timing=None):

@@ -168,7 +168,7 @@ class HostStaging:
         device = self._device
         stream = self._stream(device)
         cp = self.cp
-        outputs, hosts, fenced = [], [], False
+        outputs, hosts, fence = [], [], gpu.Fence(stream, entries)
         with cp.cuda.Device(device), stream:
             for e, result in zip(entries, results):
                 extra = None
@@ -177,14 +177,8 @@ class HostStaging:
                 if result is None:
                     outputs.append(None)
                     continue
-                if e is not None and e.output is not None:
-                    out = e.output
-                else:
-                    if not fenced:  # (see gpu.fence_events)
-                        for event in gpu.fence_events(entries):
-                            stream.wait_event(event)
-                        fenced = True
-                    out = cp.empty(result.shape, gpu.storage_dtype(result.dtype))
+                out = e.output if e is not None and e.output is not None else \
+                    fence.empty(result.shape, gpu.storage_dtype(result.dtype))
                 if result.nbytes:
                     host = np.ascontiguousarray(result)
                     hosts.append(host)  # read by the copy until it is done
