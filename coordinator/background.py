@@ -24,9 +24,7 @@ peers. It is handed its collaborators (`Collaborators`), not the runtime.
 import ctypes
 import dataclasses
 import logging
-import math
 import os
-import sys
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -45,6 +43,7 @@ from coordinator.liveness import describe_dead
 from coordinator.negotiation import (FLAG_CLASSIC, FLAG_FRESH, FLAG_PENDING, FLAG_REPORT,
                                      SlotTable, complete_groups, plan_ready)
 from coordinator.ops_names import display_name, format_ranks, op_name
+from coordinator.pacing import DeviceHold, SwitchInterval
 from coordinator.response_cache import WorkerCache
 from coordinator.stall_inspector import StallInspector
 from coordinator.tensor_queue import Entry
@@ -97,11 +96,6 @@ CYCLE_AWAIT = 20e-6
 # While rank 0 holds in a round a cached tensor that other ranks may hold in
 # the cycle, it asks for a report at most this often (see _post).
 CYCLE_REPORT_GAP = 5e-3
-# The longest a rank holds its next cycle back while its GPU lane is busy,
-# and how long before the lane's work should end it stops holding
-# (see _holding_for_device).
-DEVICE_HOLD_MAX = 1.0
-DEVICE_HOLD_LEAD = 2e-3
 
 
 # How riders (tensors carried in the cycle) show on a timeline.
@@ -138,53 +132,6 @@ def _tighten_timer_slack():
         libc.prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, 1 us
     except (OSError, AttributeError):
         pass
-
-
-class SwitchInterval:
-    """Keeps the interpreter's switch interval at most `seconds` while GPU
-    work is in flight (0: never touches it), and puts the program's own back
-    otherwise, unless the program changed it meanwhile.
-
-    A thread that wants the interpreter lock while another runs Python gets
-    it when that one blocks, or after the switch interval (5 ms by default):
-    a lock let go for a moment (a CUDA call) goes back to the thread that
-    let it go, before the waiting one has woken. So while this thread polls
-    a GPU operation, a gradient hook, which needs the lock between
-    autograd's C++ calls, waited up to the whole interval: on the simulated
-    GPU (np=2) a ResNet-18 step's 62 submissions spread over 30-45 ms of host
-    time where the DDP-style reducer's hooks took 4, and 100 us made the
-    step 1.10-1.11x the DDP-style one instead of 1.20-1.21x (ResNet-50 1.03x
-    instead of 1.19-1.26x). Only while GPU work is in flight: a loop that
-    submits tensors back to back, which the CPU benchmark (b) and the GPU
-    one (B) are, gets the lock taken from it mid-loop, so its tensors go in
-    more, smaller operations (the CPU's (b) 1.05-1.10x to 1.21x, the
-    simulated (B) 1.16x to 1.22x, with it shortened all the time)."""
-
-    __slots__ = ("seconds", "_applied", "_before", "_ours")
-
-    def __init__(self, seconds):
-        self.seconds = seconds  # (read at each call: may be changed meanwhile)
-        self._applied = None  # the setting in force, while ours is
-        self._before = None  # the program's interval then
-        self._ours = None  # ours, as the interpreter keeps it (whole microseconds)
-
-    @property
-    def shortened(self):
-        return self._applied is not None
-
-    def shorten(self, on):
-        want = self.seconds if on and self.seconds else None
-        if want == self._applied:
-            return
-        if self._applied is not None:
-            if sys.getswitchinterval() == self._ours:
-                sys.setswitchinterval(self._before)
-            self._applied = None
-        if want is not None:
-            before = sys.getswitchinterval()
-            if want < before:
-                sys.setswitchinterval(want)
-                self._applied, self._before, self._ours = want, before, sys.getswitchinterval()
 
 
 @dataclasses.dataclass
@@ -241,8 +188,7 @@ class Background:
         # Negotiation state (negotiation.py).
         self.fast = {}  # slot -> entry waiting for a cycle
         self._riding = {}  # slot -> entry whose data the cycle in flight carries
-        self._held_since = None  # when this rank began holding a cycle for its GPU lane
-        self._hold_until = None  # when that hold should end (the loop wakes then)
+        self.hold = DeviceHold(self.queue, self.executor)  # pacing.py
         # (public: compare_ddp.py runs ours at other intervals through it)
         self.switch_interval = SwitchInterval(cfg.switch_interval)
         self.classic = []  # global-set entries to describe in the next round
@@ -496,9 +442,9 @@ class Background:
             timeout = self.config.idle_poll_interval
         if not self.cycle.in_flight and self.round is None:
             now = time.monotonic()
-            # (_hold_until is set where _post_due asked _holding_for_device,
+            # (hold.until is set where _post_due asked _holding_for_device,
             # which it does not ask once nothing waits: then it is stale)
-            hold = (self._hold_until or 0.0) if self.fast else 0.0
+            hold = (self.hold.until or 0.0) if self.fast else 0.0
             for until in (self._next_post, self._gap_until, hold):
                 if until > now:  # the next cycle waits out its back-off, gap or hold
                     timeout = min(timeout, until - now)
@@ -653,49 +599,12 @@ class Background:
                 and not self.executor.busy((process_set_id, device)))
 
     def _holding_for_device(self, now):
-        """Whether to hold the next cycle back: every tensor waiting for one
-        is a GPU tensor of the global set, and this rank's GPU lane is still
-        running an operation. Its next operation could not start before that
-        one ends anyway, and gradients that arrive meanwhile join it: one
-        larger NCCL call instead of several small ones, each of which pays
-        NCCL's latency (4.5 ms over sockets). Not for the last
-        DEVICE_HOLD_LEAD seconds the lane should be busy (Executor.busy_for,
-        from how long its past operations took on the device): negotiating
-        and queueing the next operation takes the host about that long, so
-        it then starts on the device as the running one ends, instead of
-        that long after. The loop sleeps no longer than until then
-        (_hold_until, read by _timeout), where it would otherwise notice the
-        moment only at its next look, up to BACKOFF_MAX late. Not once a
-        frontend said no
-        more are coming (TensorQueue.flush: the last gradient of a step):
-        then the next operation is negotiated at once and queues its work
-        behind the running one (executor.py), instead of starting only after
-        the host has seen that one end. Nor once a thread waits for a
-        result (HandleTable.wait flushes): it submits nothing more until
-        then. Only when this rank posts depends on it; what the cycle decides
-        is the same on every rank."""
-        held = bool(self.fast) and not self.flags & (FLAG_CLASSIC | FLAG_REPORT)
-        until = math.inf
-        if held:
-            flushed, devices = self.queue.flushed, set()
-            for e in self.fast.values():
-                if e.seq < flushed or e.device < 0 or e.key[0] != 0:
-                    held = False
-                    break
-                devices.add(e.device)
-            for device in devices if held else ():
-                left = self.executor.busy_for((0, device), now)
-                if left <= DEVICE_HOLD_LEAD:
-                    held = False
-                    break
-                until = min(until, now + left - DEVICE_HOLD_LEAD)
-        if not held:
-            self._held_since = self._hold_until = None
-            return False
-        if self._held_since is None:
-            self._held_since = now
-        self._hold_until = min(until, self._held_since + DEVICE_HOLD_MAX)
-        return now < self._hold_until
+        """Whether to hold the next cycle back for the GPU lane
+        (DeviceHold.holding), never once a round was asked for. Only when
+        this rank posts depends on it; what the cycle decides is the same on
+        every rank."""
+        asked = self.flags & (FLAG_CLASSIC | FLAG_REPORT)
+        return self.hold.holding(() if asked else self.fast.values(), now)
 
     def _post(self, now):
         flags = 0

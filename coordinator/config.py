@@ -120,7 +120,7 @@ class Config:
     # While GPU work is in flight, the interpreter's switch interval
     # (sys.setswitchinterval) is at most this (seconds; 0: left as it is):
     # about how long a frontend thread waits for the interpreter lock while
-    # the background thread polls (background.SwitchInterval).
+    # the background thread polls (pacing.SwitchInterval).
     switch_interval: float = 100e-6
     # End this rank when the process that launched it (prterun/prted) dies;
     # coordrun sets it for every rank (launcher_watch.py).

@@ -234,7 +234,7 @@ class TensorQueue:
     def flush(self, wake=True):
         """Says that no more entries are coming soon: the background thread
         should not hold the ones pushed so far (`seq` below `flushed`) back
-        for a fuller fusion (Background._holding_for_device). Wakes it
+        for a fuller fusion (pacing.DeviceHold). Wakes it
         (unless `wake` is False) only when entries were pushed since the
         last flush: otherwise there is nothing new for it to let go."""
         with self._lock:

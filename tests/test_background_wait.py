@@ -11,9 +11,10 @@ import types
 
 import pytest
 
-from coordinator import background
+from coordinator import background, pacing
 from coordinator.background import Background, waited_spin_budget
 from coordinator.handles import HandleTable
+from coordinator.pacing import DeviceHold
 from coordinator.tensor_queue import Entry, Signal, TensorQueue
 
 
@@ -102,7 +103,7 @@ def _loop_state(inflight, waiting, spin_waited, executor=()):
     bg._fresh = False
     bg.fast = {}
     bg.sent = []
-    bg._held_since = bg._hold_until = None
+    bg.hold = DeviceHold(bg.queue, executor)
     return bg
 
 
@@ -137,18 +138,16 @@ def test_a_cycle_waits_while_the_gpu_lane_is_busy_and_only_then():
     a GPU tensor of the global set whose lane still runs an operation (they
     join one larger NCCL call), never for host tensors, other sets or an
     idle lane, and not longer than DEVICE_HOLD_MAX."""
-    from coordinator import background as bg
-
-    hold = bg.Background._holding_for_device
+    hold = Background._holding_for_device
     state = _loop([_entry(0), _entry(0)], busy={(0, 0): math.inf})
     assert hold(state, 10.0) and hold(state, 10.5)
-    assert not hold(state, 10.0 + bg.DEVICE_HOLD_MAX)  # bounded
+    assert not hold(state, 10.0 + pacing.DEVICE_HOLD_MAX)  # bounded
     assert not hold(_loop([_entry(0), _entry(-1)], busy={(0, 0): math.inf}), 1.0)  # host tensor
     assert not hold(_loop([_entry(0)], busy={}), 1.0)  # the lane is free
     assert not hold(_loop([_entry(0, pset=1)], busy={(1, 0): math.inf}), 1.0)  # another set
     assert not hold(_loop([], busy={(0, 0): math.inf}), 1.0)  # nothing waits
     rounds = _loop([_entry(0)], busy={(0, 0): math.inf})
-    rounds.flags = bg.FLAG_CLASSIC  # a round was asked for: never held
+    rounds.flags = background.FLAG_CLASSIC  # a round was asked for: never held
     assert not hold(rounds, 1.0)
 
 
@@ -156,10 +155,8 @@ def test_the_hold_ends_as_the_lane_should_soon_be_free():
     """Not for the last DEVICE_HOLD_LEAD seconds its lane should stay busy
     (Executor.busy_for): the next operation is negotiated and queued while
     the running one ends, instead of after the host has seen it end."""
-    from coordinator import background as bg
-
-    hold = bg.Background._holding_for_device
-    lead = bg.DEVICE_HOLD_LEAD
+    hold = Background._holding_for_device
+    lead = pacing.DEVICE_HOLD_LEAD
     assert lead > 0
     assert hold(_loop([_entry(0)], busy={(0, 0): lead * 1.5}), 1.0)
     assert not hold(_loop([_entry(0)], busy={(0, 0): lead * 0.5}), 1.0)
@@ -174,7 +171,7 @@ def test_a_held_loop_wakes_when_its_hold_should_end():
     the lane should be within DEVICE_HOLD_LEAD of free, where the back-off
     alone would notice that up to BACKOFF_MAX late; where the end cannot be
     told it backs off as for any work in flight."""
-    lead, gap = background.DEVICE_HOLD_LEAD, background.BACKOFF_MAX / 5
+    lead, gap = pacing.DEVICE_HOLD_LEAD, background.BACKOFF_MAX / 5
     long_ago = time.perf_counter() - 1.0
 
     def held(busy_for):
@@ -200,17 +197,18 @@ def _entry(device, pset=0, seq=0):
 
 def _loop(fast, busy, queue=None):
     """What Background._holding_for_device reads: the tensors waiting for a
-    cycle, and how long each lane (process set, device) should stay busy
-    (Executor.busy_for; a lane not in `busy` is idle)."""
+    cycle, what the last cycle said, and the DeviceHold, which reads how
+    long each lane (process set, device) should stay busy (Executor.busy_for;
+    a lane not in `busy` is idle)."""
     executor = types.SimpleNamespace(busy_for=lambda lane, now: busy.get(lane, 0.0))
-    return types.SimpleNamespace(fast=dict(enumerate(fast)), flags=0, executor=executor,
-                                 _held_since=None, queue=queue or TensorQueue())
+    return types.SimpleNamespace(fast=dict(enumerate(fast)), flags=0,
+                                 hold=DeviceHold(queue or TensorQueue(), executor))
 
 
 def _busy_lane_state(queue):
     """Every GPU lane busy for as long as one can tell."""
     state = _loop([], busy={}, queue=queue)
-    state.executor.busy_for = lambda lane, now: math.inf
+    state.hold.executor.busy_for = lambda lane, now: math.inf
     return state
 
 
@@ -385,22 +383,22 @@ def test_wake_ups_from_many_threads_never_break_the_waiter():
 
 
 def test_the_switch_interval_is_short_only_while_asked_and_put_back():
-    """background.SwitchInterval: at most the setting while shortened (GPU
+    """pacing.SwitchInterval: at most the setting while shortened (GPU
     work in flight); the program's own otherwise, unless the program
     changed it meanwhile; left alone when the setting is 0 or no shorter."""
     before = sys.getswitchinterval()
     try:
         sys.setswitchinterval(5e-3)
-        switch = background.SwitchInterval(100e-6)
+        switch = pacing.SwitchInterval(100e-6)
         switch.shorten(True)
         assert sys.getswitchinterval() == pytest.approx(100e-6) and switch.shortened
         switch.shorten(True)
         switch.shorten(False)
         assert sys.getswitchinterval() == pytest.approx(5e-3) and not switch.shortened
-        background.SwitchInterval(0).shorten(True)  # 0: untouched
+        pacing.SwitchInterval(0).shorten(True)  # 0: untouched
         assert sys.getswitchinterval() == pytest.approx(5e-3)
         sys.setswitchinterval(50e-6)
-        background.SwitchInterval(100e-6).shorten(True)  # already shorter: untouched
+        pacing.SwitchInterval(100e-6).shorten(True)  # already shorter: untouched
         assert sys.getswitchinterval() == pytest.approx(50e-6)
         sys.setswitchinterval(5e-3)
         switch.shorten(True)

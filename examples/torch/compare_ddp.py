@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 import frontends.torch as hvd  # noqa: E402
-from coordinator import background, collectives, runtime  # noqa: E402
+from coordinator import collectives, pacing, runtime  # noqa: E402
 
 in_stream_order = collectives.in_stream_order
 
@@ -154,7 +154,7 @@ def main():
     parser.add_argument("--hold-lead", default="", metavar="MS[,MS...]",
                         help="also run ours as 'ours@MS' for each value: holding gradients "
                              "for its busy GPU lane until MS milliseconds before the lane should "
-                             "be free (coordinator.background.DEVICE_HOLD_LEAD; 'ours' keeps the "
+                             "be free (coordinator.pacing.DEVICE_HOLD_LEAD; 'ours' keeps the "
                              "default), in the same rotation")
     parser.add_argument("--switch-interval", default="", metavar="US[,US...]",
                         help="also run ours as 'ours~US' for each value: the interpreter's "
@@ -201,7 +201,7 @@ def main():
 
     base = ["ours", "ddp", "local"]  # (what --profile and --host-profile look at)
     order = list(base)
-    leads = {"ours": background.DEVICE_HOLD_LEAD}
+    leads = {"ours": pacing.DEVICE_HOLD_LEAD}
     for ms in filter(None, args.hold_lead.split(",")):
         name = f"ours@{ms}"
         leads[name] = float(ms) * 1e-3
@@ -224,7 +224,7 @@ def main():
 
     def run(name, steps):
         if name in leads:  # (the background thread reads it at each look)
-            background.DEVICE_HOLD_LEAD = leads[name]
+            pacing.DEVICE_HOLD_LEAD = leads[name]
         if name in switches:  # (read after each turn of the loop)
             loop.switch_interval.seconds = switches[name]
         # (the optimizer looks it up at each submission)
@@ -245,7 +245,7 @@ def main():
         for name in order[r % len(order):] + order[:r % len(order)]:
             hvd.barrier()
             times[name].append(statistics.median(run(name, args.block)))
-    background.DEVICE_HOLD_LEAD = leads["ours"]
+    pacing.DEVICE_HOLD_LEAD = leads["ours"]
     loop.switch_interval.seconds = switches["ours"]
     collectives.in_stream_order = in_stream_order
     vars(loop).pop("lane_idle", None)

@@ -235,12 +235,12 @@ def case_a_held_tensor_goes_shortly_before_the_running_call_should_end(hvd):
     queued behind the running one, with nobody waiting for it yet. (Runs
     before the case below, whose hour-long calls would teach the lane that
     its calls run for an hour.)"""
-    from coordinator import background
+    from coordinator import pacing
 
     took, held = 10.0, 2.0  # a call runs `took` s; the next is held `held` s
     _learn(hvd, ("lead.first", "lead.second"), took=took, steps=3)
-    saved = background.DEVICE_HOLD_LEAD, background.DEVICE_HOLD_MAX
-    background.DEVICE_HOLD_LEAD, background.DEVICE_HOLD_MAX = took - held, HOUR
+    saved = pacing.DEVICE_HOLD_LEAD, pacing.DEVICE_HOLD_MAX
+    pacing.DEVICE_HOLD_LEAD, pacing.DEVICE_HOLD_MAX = took - held, HOUR
     try:
         calls, first, first_wait, second, entry = _second_held(hvd, "lead", held / 10)
         _until_queued(entry, calls, first_wait, "held until the running call ended")
@@ -251,7 +251,7 @@ def case_a_held_tensor_goes_shortly_before_the_running_call_should_end(hvd):
         np.testing.assert_array_equal(hvd.synchronize(first).get(), np.full(2, 3.0, np.float32))
         _lane_idle(hvd)
     finally:
-        background.DEVICE_HOLD_LEAD, background.DEVICE_HOLD_MAX = saved
+        pacing.DEVICE_HOLD_LEAD, pacing.DEVICE_HOLD_MAX = saved
 
 
 def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
@@ -261,12 +261,12 @@ def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
     after the host has seen that one end."""
     import threading
 
-    from coordinator import background
+    from coordinator import pacing
 
     _learn(hvd, ("held.first", "held.second"))
     # Only the wait may end the hold, not its time limit (nor the stall
     # checks' messages, which make every rank post a cycle: they are off).
-    hold_max, background.DEVICE_HOLD_MAX = background.DEVICE_HOLD_MAX, HOUR
+    hold_max, pacing.DEVICE_HOLD_MAX = pacing.DEVICE_HOLD_MAX, HOUR
     try:
         calls, first, first_wait, second, entry = _second_held(hvd, "held", 0.2)
         got = []
@@ -280,7 +280,7 @@ def case_waiting_for_a_held_tensor_queues_it_behind_the_running_call(hvd):
         np.testing.assert_array_equal(hvd.synchronize(first).get(), np.full(2, 3.0, np.float32))
         _lane_idle(hvd)
     finally:
-        background.DEVICE_HOLD_MAX = hold_max
+        pacing.DEVICE_HOLD_MAX = hold_max
 
 
 def case_a_failure_after_early_completion_stops_the_job_naming_the_setting(hvd):
