@@ -927,26 +927,7 @@ class Background:
                 rl.cached.add(cache_id=cache_id, submit_time=e.submit_time)
                 return
         self.stats["full_requests"] += 1
-        req = pb.Request(name=e.name, op=e.op, shape=e.shape, process_set_id=e.process_set_id,
-                         device=e.device, submit_time=e.submit_time)
-        if e.rejected:
-            req.rejected = e.rejected
-        if e.dtype_info is not None:
-            req.dtype = e.dtype_info.wire
-        if e.op in (pb.ALLREDUCE, pb.REDUCESCATTER):
-            req.reduce_op = e.reduce_op
-            req.prescale = e.prescale
-            req.postscale = e.postscale
-        elif e.op == pb.BROADCAST:
-            req.root_rank = e.root_rank
-        elif e.op == pb.ALLTOALL:
-            req.splits.extend(e.splits)
-        elif e.op in (pb.ADD_PROCESS_SET, pb.P2P):
-            req.ranks.extend(e.ranks)
-        if e.group:
-            req.group = e.group
-            req.group_size = e.group_size
-        rl.requests.append(req)
+        rl.requests.append(e.request())
 
     def _resend_ids(self, ids):
         """Rank 0 did not know these cache ids: describe them in full."""

@@ -116,6 +116,27 @@ class Entry:
                                  self.process_set_id, self.device, self.group,
                                  self.group_size)
 
+    def request(self):
+        """Its description in full, for rank 0 (the fields its op uses)."""
+        req = pb.Request(name=self.name, op=self.op, shape=self.shape,
+                         process_set_id=self.process_set_id, device=self.device,
+                         submit_time=self.submit_time, dtype=self.wire_dtype,
+                         rejected=self.rejected)
+        if self.op in (pb.ALLREDUCE, pb.REDUCESCATTER):
+            req.reduce_op = self.reduce_op
+            req.prescale = self.prescale
+            req.postscale = self.postscale
+        elif self.op == pb.BROADCAST:
+            req.root_rank = self.root_rank
+        elif self.op == pb.ALLTOALL:
+            req.splits.extend(self.splits)
+        elif self.op in (pb.ADD_PROCESS_SET, pb.P2P):
+            req.ranks.extend(self.ranks)
+        if self.group:
+            req.group = self.group
+            req.group_size = self.group_size
+        return req
+
     def describe(self):
         where = f" in process set {self.key[0]}" if self.key[0] else ""
         return f"{op_name(self.op)} of tensor '{self.name}'{where}"

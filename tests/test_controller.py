@@ -2,8 +2,10 @@
 
 import pytest
 
+from coordinator import dtypes
 from coordinator.controller import Controller
 from coordinator.stall_inspector import StallInspector
+from coordinator.tensor_queue import Entry
 from coordinator.wire import pb
 
 F32 = pb.FLOAT32
@@ -503,3 +505,33 @@ def test_a_late_rank_in_a_process_set_gets_the_error_when_it_submits():
     submit(ctl, 2, req("s", process_set_id=1))
     (late,) = ctl.take_plans()
     assert late.recipients == (2,) and late.response.error_kind == pb.STALL
+
+
+
+F32, I64, F16, F64 = (dtypes.BY_WIRE[w] for w in (pb.FLOAT32, pb.INT64, pb.FLOAT16, pb.FLOAT64))
+
+
+@pytest.mark.parametrize("entry, wire", [
+    (Entry("g", pb.ALLREDUCE, dtype_info=F32, shape=(3, 2), reduce_op=pb.AVERAGE,
+           prescale=0.5, postscale=2.0, device=0, group="grads", group_size=3),
+     pb.Request(name="g", op=pb.ALLREDUCE, dtype=pb.FLOAT32, shape=(3, 2), device=0,
+                reduce_op=pb.AVERAGE, prescale=0.5, postscale=2.0, group="grads",
+                group_size=3)),
+    (Entry("b", pb.BROADCAST, dtype_info=I64, shape=(4,), root_rank=1, process_set_id=2,
+           prescale=3.0),
+     pb.Request(name="b", op=pb.BROADCAST, dtype=pb.INT64, shape=(4,), device=-1,
+                root_rank=1, process_set_id=2)),
+    (Entry("a", pb.ALLTOALL, dtype_info=F16, shape=(5,), splits=(2, 3), root_rank=1),
+     pb.Request(name="a", op=pb.ALLTOALL, dtype=pb.FLOAT16, shape=(5,), device=-1,
+                splits=(2, 3))),
+    (Entry("r", pb.REDUCESCATTER, dtype_info=F64, shape=(8,), reduce_op=pb.MAX,
+           rejected="rank 1 refused it"),
+     pb.Request(name="r", op=pb.REDUCESCATTER, dtype=pb.FLOAT64, shape=(8,), device=-1,
+                reduce_op=pb.MAX, prescale=1.0, postscale=1.0, rejected="rank 1 refused it")),
+    (Entry("set", pb.ADD_PROCESS_SET, ranks=(0, 2), splits=(1,)),
+     pb.Request(name="set", op=pb.ADD_PROCESS_SET, device=-1, ranks=(0, 2))),
+], ids=["allreduce", "broadcast", "alltoall", "reducescatter", "add_process_set"])
+def test_an_entry_is_described_to_rank_0_by_the_fields_its_op_uses(entry, wire):
+    """Entry.request: what a worker sends rank 0 in full, every field its
+    op uses, none it does not."""
+    assert entry.request() == wire
