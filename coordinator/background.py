@@ -43,6 +43,7 @@ from coordinator.liveness import describe_dead
 from coordinator.negotiation import (FLAG_CLASSIC, FLAG_FRESH, FLAG_PENDING, FLAG_REPORT,
                                      SlotTable, complete_groups, plan_ready)
 from coordinator.ops_names import display_name, format_ranks, op_name
+from coordinator.owed import Owed, due_now
 from coordinator.pacing import DeviceHold, SwitchInterval
 from coordinator.response_cache import WorkerCache
 from coordinator.stall_inspector import StallInspector
@@ -195,8 +196,7 @@ class Background:
         self.stream = []  # other sets' entries to describe to rank 0 now
         self.sent = {}  # key -> entry described in a round, not answered yet
         self.sent_by_id = {}  # cache id -> entry sent as that id
-        self.owed = {}  # key -> [error Response]: failed before this rank submitted
-        self.owed_groups = {}  # (set, group) -> [error Response]
+        self.owed = Owed()  # failed before this rank submitted its copy (owed.py)
         self.round = None  # the round under way: (number, {rank: RequestList} on rank 0)
         self.rounds = 0
         self.flags = 0  # what the last cycle said
@@ -480,9 +480,11 @@ class Background:
         cycle, the rest for the next round."""
         now = time.monotonic()
         paid_groups = {}
-        owing = bool(self.owed or self.owed_groups)
+        owing = bool(self.owed)
         for e in entries:
-            if owing and self._pay_owed(e, paid_groups):
+            notice = self.owed.pay(e, paid_groups) if owing else None
+            if notice is not None:  # its operation failed before it was submitted
+                self._fail_owed(e, notice)
                 continue
             if not e.in_rounds:
                 self.stream.append(e)
@@ -495,31 +497,6 @@ class Background:
             else:
                 self.classic.append(e)
             self._fresh = True
-
-    def _pay_owed(self, e, paid_groups):
-        """True when `e` is this rank's copy of an operation that failed
-        before it was submitted: it fails the same way, at once."""
-        if e.rejected:
-            return False
-        owed = self.owed.get(e.key)
-        if owed is None and e.group:
-            gkey = (e.key[0], e.group)
-            resp = paid_groups.get(gkey)
-            if resp is None and self.owed_groups.get(gkey):
-                resp = paid_groups[gkey] = self.owed_groups[gkey].pop(0)
-                if not self.owed_groups[gkey]:
-                    del self.owed_groups[gkey]
-            if resp is not None:
-                self._fail_owed(e, resp)
-                return True
-            return False
-        if not owed:
-            return False
-        resp = owed.pop(0)
-        if not owed:
-            del self.owed[e.key]
-        self._fail_owed(e, resp)
-        return True
 
     def _fail_owed(self, e, resp):
         kind = ERROR_TYPES.get(resp.error_kind, HorovodInternalError)
@@ -873,28 +850,13 @@ class Background:
     def _owe(self, notice):
         """This rank owes an operation that failed before it submitted it: a
         copy already waiting here fails now, else the next submission will."""
-        pset = notice.process_set_id
-        if notice.group:
-            gkey = (pset, notice.group)
-            waiting = [e for e in self._waiting() if e.group == notice.group
-                       and e.key[0] == pset]
-            if waiting:
-                for e in waiting:
-                    self._drop_waiting(e)
-                    self._fail_owed(e, notice)
-            else:
-                self.owed_groups.setdefault(gkey, []).append(notice)
+        due = due_now(notice, list(self.fast.values()) + self.classic)
+        if due is None:
+            self.owed.owe(notice)
             return
-        key = (pset, notice.names[0])
-        for e in self._waiting():
-            if e.key == key:
-                self._drop_waiting(e)
-                self._fail_owed(e, notice)
-                return
-        self.owed.setdefault(key, []).append(notice)
-
-    def _waiting(self):
-        return list(self.fast.values()) + list(self.classic)
+        for e in due:
+            self._drop_waiting(e)
+            self._fail_owed(e, notice)
 
     def _drop_waiting(self, e):
         slot = self.slots.slot(e.cache_id) if e.cache_id else None
