@@ -1,0 +1,51 @@
+"""A response cache that holds less than a step (HOROVOD_CACHE_CAPACITY=2,
+set by tests/test_cache_mpi.py): every step evicts ids the next one uses.
+Rank 0 announces evictions in rounds only, so a rank may still describe a
+tensor by an id rank 0 has dropped; rank 0 then asks for it in full (a
+resend), in the global set's rounds and in a process set's stream alike.
+Results must stay right throughout, and nothing may wait forever."""
+
+import numpy as np
+
+from core_cases import all_data, assert_equal
+
+PAIR = None  # ranks 0 and 1 of 3: negotiated in a stream, not in the global set's rounds
+NAMES = 5  # per step: more than the cache holds
+STEPS = 6
+
+
+def setup(hvd):
+    global PAIR
+    PAIR = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[PAIR])
+
+
+def _steps(hvd, prefix, process_set, ranks):
+    me = hvd.rank()
+    for step in range(STEPS):
+        seeds = [10 * step + i for i in range(NAMES)]
+        handles = [hvd.allreduce_async(all_data(hvd, (3,), np.float32, s)[me], op=hvd.Sum,
+                                       name=f"{prefix}.{i}", process_set=process_set)
+                   for i, s in enumerate(seeds)]
+        for handle, s in zip(handles, seeds):
+            want = sum(all_data(hvd, (3,), np.float32, s)[r] for r in ranks)
+            assert_equal(hvd.synchronize(handle), want)
+
+
+def case_steps_of_more_tensors_than_the_cache_holds_reduce_right(hvd):
+    _steps(hvd, "global", hvd.global_process_set, range(hvd.size()))
+
+
+def case_a_process_sets_tensors_rank_0_evicted_are_described_again(hvd):
+    if hvd.rank() in PAIR.ranks:
+        _steps(hvd, "pair", PAIR, PAIR.ranks)
+
+
+def case_a_groups_tensors_evicted_between_steps_reduce_right(hvd):
+    me = hvd.rank()
+    for step in range(STEPS):
+        seeds = [100 + 10 * step + i for i in range(NAMES)]
+        out = hvd.grouped_allreduce([all_data(hvd, (2,), np.float64, s)[me] for s in seeds],
+                                    op=hvd.Sum, name="group")
+        for got, s in zip(out, seeds):
+            assert_equal(got, sum(all_data(hvd, (2,), np.float64, s)))
