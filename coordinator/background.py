@@ -21,6 +21,7 @@ waking only every `idle_poll_interval` for control messages, stalls and dead
 peers. It is handed its collaborators (`Collaborators`), not the runtime.
 """
 
+import collections
 import ctypes
 import dataclasses
 import logging
@@ -156,6 +157,18 @@ class Collaborators:
     apply_process_set_change: Callable[[Any], Any]  # runs an add/remove response
     fatal: Callable[[BaseException], None]  # the job cannot go on
     check_dead: Callable[[], list]  # peers found dead since the last call
+
+
+def _address(plans, resends, outgoing):
+    """Puts each plan's response in the ResponseList of each rank it goes to
+    (`outgoing[rank]`), and the cache ids rank 0 wants described again in
+    their rank's; returns `outgoing`."""
+    for plan in plans:
+        for rank in plan.recipients:
+            outgoing[rank].responses.append(plan.response)
+    for rank, ids in resends.items():
+        outgoing[rank].resend.extend(ids)
+    return outgoing
 
 
 def _pair(resp):
@@ -789,13 +802,9 @@ class Background:
         params = self._desired_params()
         outgoing = [pb.ResponseList(round=self.rounds - 1) for _ in range(self.size)]
         self._answered = self.rounds
-        for plan in plans:
-            for rank in plan.recipients:
-                outgoing[rank].responses.append(plan.response)
+        _address(plans, resends, outgoing)
         for rank, owed in notices.items():
             outgoing[rank].notices.extend(owed)
-        for rank, ids in resends.items():
-            outgoing[rank].resend.extend(ids)
         cache = ctl.cache
         for rank, msg in enumerate(outgoing):
             ids, self._evict_seq[rank] = cache.evictions_since(self._evict_seq[rank])
@@ -996,23 +1005,13 @@ class Background:
             return False
         if self.autotuner is not None:
             self.autotuner.observe(plans)
-        outgoing = {}
-        own = []
-        for plan in plans:
-            for rank in plan.recipients:
-                if rank == 0:
-                    own.append(plan.response)
-                else:
-                    outgoing.setdefault(rank, pb.ResponseList()).responses.append(
-                        plan.response)
-        for rank, ids in resends.items():
-            if rank == 0:
-                self._resend_ids(ids)
-            else:
-                outgoing.setdefault(rank, pb.ResponseList()).resend.extend(ids)
+        outgoing = _address(plans, resends, collections.defaultdict(pb.ResponseList))
+        own = outgoing.pop(0, pb.ResponseList())
+        if own.resend:
+            self._resend_ids(own.resend)
         for rank, msg in outgoing.items():
             self.channel.send(rank, TAG_RESPONSE, msg.SerializeToString())
-        for resp in own:
+        for resp in own.responses:
             self._execute(resp)
         return True
 
