@@ -1,12 +1,14 @@
-"""Steps under a response cache that holds less than a step, or none
-(HOROVOD_CACHE_CAPACITY=2 or 0, set by tests/test_cache_mpi.py).
+"""Steps under the settings that change how tensors are negotiated and
+fused (set by tests/test_negotiation_settings_mpi.py).
 
-With 2, every step evicts ids the next one uses. Rank 0 announces
+With a response cache that holds less than a step
+(HOROVOD_CACHE_CAPACITY=2), every step evicts ids the next one uses. Rank 0 announces
 evictions in rounds only, so a rank may still describe a tensor by an id
 rank 0 has dropped; rank 0 then asks for it in full (a resend), in the
-global set's rounds and in a process set's stream alike. With 0, every
-tensor is described in full in a round, never in a cycle. Results must
-stay right throughout, and nothing may wait forever."""
+global set's rounds and in a process set's stream alike. With none (0),
+every tensor is described in full in a round, never in a cycle. With no
+fusion (HOROVOD_FUSION_THRESHOLD=0) every tensor runs alone, a group's too.
+Results must stay right throughout, and nothing may wait forever."""
 
 import numpy as np
 
@@ -54,16 +56,20 @@ def case_a_groups_tensors_evicted_between_steps_reduce_right(hvd):
             assert_equal(got, sum(all_data(hvd, (2,), np.float64, s)))
 
 
-def case_the_cache_was_used_as_set(hvd):
+def case_the_setting_was_in_force(hvd):
     """(After the cases above.) With no cache no tensor was described by an
-    id or rode in a cycle; with a small one, ids were used."""
+    id or rode in a cycle; with one, ids were used. With no fusion, each of
+    the global set's tensors (a group's too) ran as a response of its own,
+    or rode in a cycle (riders: small ones, summed in the cycle itself)."""
     import os
 
     from coordinator import runtime
 
     stats = runtime.current().background.stats
-    if os.environ["HOROVOD_CACHE_CAPACITY"] == "0":
+    if os.environ.get("HOROVOD_CACHE_CAPACITY") == "0":
         assert stats["cached_requests"] == 0 and stats["cycle_runs"] == 0, stats
         assert stats["riders"] == 0, stats
     else:
         assert stats["cached_requests"] + stats["cycle_runs"] > 0, stats
+    if os.environ.get("HOROVOD_FUSION_THRESHOLD") == "0":
+        assert stats["responses"] + stats["riders"] >= 2 * STEPS * NAMES, stats
