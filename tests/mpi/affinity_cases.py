@@ -17,6 +17,7 @@ def _listed_core(hvd):
 
 def case_the_background_thread_runs_on_its_local_ranks_core(hvd):
     import threading
+    import time
 
     from coordinator import runtime
 
@@ -24,6 +25,10 @@ def case_the_background_thread_runs_on_its_local_ranks_core(hvd):
     thread = runtime.current().background.thread
     allowed = os.sched_getaffinity(0)
     if core in allowed:
+        # (the thread pins itself as it starts, which init does not wait for)
+        deadline = time.monotonic() + 10
+        while _cores(thread) != {core} and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert _cores(thread) == {core}, (core, _cores(thread))
     else:  # warned, and left where it was
         assert _cores(thread) == allowed, (core, _cores(thread), allowed)
