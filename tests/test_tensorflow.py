@@ -1,7 +1,8 @@
 """frontends.tensorflow on 2 and 3 ranks under mpirun (cases: tests/mpi/tf_cases.py;
 graphs that hold many independent collectives: tests/mpi/tf_graph_cases.py),
-and Horovod's process-set documentation on 4 ranks
-(tests/mpi/tf_process_set_cases.py)."""
+Horovod's process-set documentation on 4 ranks
+(tests/mpi/tf_process_set_cases.py), and the elastic states on 2 ranks
+(tests/mpi/tf_elastic_state_cases.py)."""
 
 import pytest
 
@@ -16,6 +17,9 @@ GRAPH_MODULE = "tests/mpi/tf_graph_cases.py"
 GRAPH_RESULTS = CaseResults(GRAPH_MODULE, env=ENV, timeout=300, case_timeout=40)
 PROCESS_SET_MODULE = "tests/mpi/tf_process_set_cases.py"
 PROCESS_SET_RESULTS = CaseResults(PROCESS_SET_MODULE, env=ENV, timeout=300, case_timeout=60)
+ELASTIC_STATE_MODULE = "tests/mpi/tf_elastic_state_cases.py"
+ELASTIC_STATE_RESULTS = CaseResults(ELASTIC_STATE_MODULE, env=ENV, timeout=300,
+                                    case_timeout=60)
 
 
 @pytest.mark.mpi
@@ -36,3 +40,9 @@ def test_tensorflow_graph(case, np_):
 @pytest.mark.parametrize("case", case_names(PROCESS_SET_MODULE))
 def test_tensorflow_process_sets(case):
     PROCESS_SET_RESULTS.check(case, 4)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", case_names(ELASTIC_STATE_MODULE))
+def test_tensorflow_elastic_states(case):
+    ELASTIC_STATE_RESULTS.check(case, 2)

@@ -1,0 +1,103 @@
+"""Horovod's TensorFlow elastic states over the coordinator on 2 ranks (run
+by tests/test_tensorflow.py): `TensorFlowState` (variables),
+`TensorFlowKerasState` / `KerasState` (a model and its optimizer), and
+`elastic.run`'s reading of TensorFlow errors. Membership changes are the
+elastic jobs' (tests/test_elastic_mpi.py); here, what a state keeps."""
+
+import numpy as np
+
+from tf_common import assert_equal, configure_tensorflow, expect_raises
+
+configure_tensorflow()
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import frontends.tensorflow as hvd  # noqa: E402
+import frontends.tensorflow.keras as hvd_keras  # noqa: E402
+from coordinator.errors import HorovodInternalError  # noqa: E402
+
+
+def setup(core):
+    hvd.init()
+
+
+def _rank_values(shape, offset=0.0):
+    return np.full(shape, hvd.rank() + 1.0 + offset, np.float32)
+
+
+def case_tensorflow_state_syncs_from_rank_0_and_restores_its_commit(core):
+    a = tf.Variable(_rank_values((2, 3)))
+    b = tf.Variable(_rank_values((4,), 10.0))
+    state = hvd.elastic.TensorFlowState([a, b], epoch=hvd.rank())
+    state.sync()  # what elastic.run does first: everyone takes rank 0's
+    assert_equal(a.numpy(), np.full((2, 3), 1.0, np.float32), "a after sync")
+    assert_equal(b.numpy(), np.full((4,), 11.0, np.float32), "b after sync")
+    assert state.epoch == 0
+    a.assign_add(tf.ones((2, 3)))
+    state.epoch = 1
+    state.save()  # (commit = save + a check for host changes, outside a job none)
+    a.assign(tf.zeros((2, 3)))
+    b.assign(tf.zeros((4,)))
+    state.epoch = 7
+    state.restore()
+    assert_equal(a.numpy(), np.full((2, 3), 2.0, np.float32), "a after restore")
+    assert_equal(b.numpy(), np.full((4,), 11.0, np.float32), "b after restore")
+    assert state.epoch == 1
+    expect_raises(ValueError, hvd.elastic.TensorFlowState)  # TF2 has no global collection
+
+
+def _model():
+    keras.utils.set_random_seed(hvd.rank())  # different weights on each rank
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    return model
+
+
+def _weights(variables):
+    return [np.array(v) for v in variables]
+
+
+def case_keras_state_builds_the_optimizer_and_syncs_model_and_optimizer(core):
+    model = _model()
+    assert not model.optimizer.built
+    state = hvd_keras.elastic.KerasState(model, batch=0)
+    assert model.optimizer.built  # a new worker holds the same variables as the others
+    state.sync()
+    x = np.ones((4, 3), np.float32)
+    model.train_on_batch(x, np.zeros((4, 2), np.float32))  # momentum becomes non-zero
+    mine = _weights(model.variables) + _weights(model.optimizer.variables)
+    gathered = hvd.allgather_object(mine)
+    for other in gathered[1:]:  # the same start and the same batch: the same everywhere
+        for got, want in zip(other, gathered[0]):
+            assert_equal(got, want, "after sync and one batch")
+    state.batch = 1
+    state.save()
+    model.train_on_batch(x, np.ones((4, 2), np.float32))
+    state.batch = 2
+    state.restore()
+    for got, want in zip(_weights(model.variables) + _weights(model.optimizer.variables),
+                         mine):
+        assert_equal(got, want, "after restore")
+    assert state.batch == 1
+    unbuilt = keras.Sequential([keras.layers.Dense(2)])
+    expect_raises(ValueError, hvd.elastic.TensorFlowKerasState, unbuilt)
+
+
+def case_run_reads_a_failed_collective_from_a_tensorflow_error(core):
+    """Inside elastic.run a tf.errors.OpError that stands for a failed
+    collective is a HorovodInternalError (outside an elastic job it then
+    propagates); any other TensorFlow error stays what it was."""
+    state = hvd.elastic.TensorFlowState([tf.Variable(_rank_values((1,)))])
+
+    def failing(error):
+        @hvd.elastic.run
+        def train(state):
+            raise error
+        return train
+
+    lost = tf.errors.UnknownError(None, None, "HorovodAllreduce_grad_0: rank 1 exited")
+    exc = expect_raises(HorovodInternalError, failing(lost), state)
+    assert exc.__cause__ is lost
+    bad = tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [2] vs. [3]")
+    assert expect_raises(tf.errors.InvalidArgumentError, failing(bad), state) is bad
