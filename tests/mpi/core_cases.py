@@ -427,6 +427,41 @@ def case_invalid_inputs_give_clear_errors(hvd):
     assert "splits" in str(exc)
 
 
+def case_bad_arguments_are_named_with_the_call_and_the_job_goes_on(hvd):
+    """Every argument check of the core API, the same bad call on every
+    rank: a ValueError that names the call and what was wrong; then the
+    next good collective runs."""
+    x = np.ones(4, np.float32)
+    checks = [
+        ("non-empty string", hvd.allreduce, (x,), dict(name="")),
+        ("must be a ProcessSet", hvd.allreduce, (x,), dict(name="ps", process_set="set")),
+        ("is not registered", hvd.allreduce, (x,),
+         dict(name="unreg", process_set=hvd.ProcessSet([0]))),
+        ("output must be a NumPy array", hvd.allreduce, (x,), dict(name="out", output=[0] * 4)),
+        ("output has shape (3,)", hvd.allreduce, (x,),
+         dict(name="outshape", output=np.ones(3, np.float32))),
+        ("either op or the deprecated average", hvd.allreduce, (x,),
+         dict(name="both", op=hvd.Sum, average=True)),
+        ("unknown reduce op 99", hvd.allreduce, (x,), dict(name="op99", op=99)),
+        ("prescale_factor must be a real number", hvd.allreduce, (x,),
+         dict(name="scale", prescale_factor="2")),
+        ("1 outputs for 2 tensors", hvd.grouped_allreduce, ([x, x],),
+         dict(name="gouts", outputs=[x.copy()])),
+        ("a scalar cannot be scattered", hvd.alltoall, (np.float32(1),), dict(name="a2a0")),
+        ("splits must be a 1-D list of integers", hvd.alltoall, (x,),
+         dict(name="a2a2d", splits=[[1, 1], [1, 1]])),
+        ("a scalar cannot be scattered", hvd.reducescatter, (np.float32(1),),
+         dict(name="rs0")),
+    ]
+    for text, fn, args, kwargs in checks:
+        exc = expect_raises(ValueError, fn, *args, **kwargs)
+        assert text in str(exc), (text, str(exc))
+        name = kwargs["name"]
+        assert not name or f"'{name}'" in str(exc), (name, str(exc))
+    out = hvd.allreduce(np.full(2, hvd.rank() + 1.0), op=hvd.Sum, name="after.bad")
+    assert_equal(out, np.full(2, hvd.size() * (hvd.size() + 1) / 2))
+
+
 def case_non_contiguous_input_is_copied(hvd):
     base = np.arange(20, dtype=np.float64).reshape(4, 5)
     view = base[:, ::2]
