@@ -34,3 +34,26 @@ def case_add_from_a_list_and_duplicates_fail(hvd):
                      np.ones(1))
     hvd.barrier()
     assert hvd.remove_process_set(ps)
+
+
+def case_a_tensor_waiting_on_a_removed_set_fails_naming_the_set(hvd):
+    """Rank 1 submits to a set whose other member never does; the set is
+    removed meanwhile: rank 1's tensor fails, naming the set and itself,
+    instead of waiting forever. (A set of two that is not the global set:
+    3 ranks or more.)"""
+    from coordinator.errors import HorovodInternalError
+
+    me, n = hvd.rank(), hvd.size()
+    if n < 3:
+        return
+    pair = hvd.add_process_set([1, 2])
+    pid = pair.process_set_id
+    handle = None
+    if me == 1:
+        handle = hvd.allreduce_async(np.ones(2), name="orphan", process_set=pair)
+    hvd.barrier()
+    assert hvd.remove_process_set(pair)
+    if me == 1:
+        exc = expect_raises(HorovodInternalError, hvd.synchronize, handle)
+        assert f"process set {pid} was removed before allreduce of tensor 'orphan'" in str(exc)
+    hvd.barrier()
