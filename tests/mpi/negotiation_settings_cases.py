@@ -2,13 +2,14 @@
 fused (set by tests/test_negotiation_settings_mpi.py).
 
 With a response cache that holds less than a step
-(HOROVOD_CACHE_CAPACITY=2), every step evicts ids the next one uses. Rank 0 announces
-evictions in rounds only, so a rank may still describe a tensor by an id
-rank 0 has dropped; rank 0 then asks for it in full (a resend), in the
-global set's rounds and in a process set's stream alike. With none (0),
-every tensor is described in full in a round, never in a cycle. With no
-fusion (HOROVOD_FUSION_THRESHOLD=0) every tensor runs alone, a group's too.
-Results must stay right throughout, and nothing may wait forever."""
+(HOROVOD_CACHE_CAPACITY=2), every step evicts ids the next one uses.
+Rank 0 announces evictions in rounds only, so a rank may still describe a
+tensor by an id rank 0 has dropped; rank 0 then asks for it in full (a
+resend), in the global set's rounds and in a process set's stream alike.
+With none (0), every tensor is described in full in a round, never in a
+cycle. With no fusion (HOROVOD_FUSION_THRESHOLD=0) every tensor, a
+group's too, runs as a response of its own or rides in a cycle. Results
+must stay right throughout, and nothing may wait forever."""
 
 import numpy as np
 
@@ -28,13 +29,12 @@ def setup(hvd):
 def _steps(hvd, prefix, process_set, ranks):
     me = hvd.rank()
     for step in range(STEPS):
-        seeds = [10 * step + i for i in range(NAMES)]
-        handles = [hvd.allreduce_async(all_data(hvd, (3,), np.float32, s)[me], op=hvd.Sum,
-                                       name=f"{prefix}.{i}", process_set=process_set)
-                   for i, s in enumerate(seeds)]
-        for handle, s in zip(handles, seeds):
-            want = sum(all_data(hvd, (3,), np.float32, s)[r] for r in ranks)
-            assert_equal(hvd.synchronize(handle), want)
+        inputs = [all_data(hvd, (3,), np.float32, 10 * step + i) for i in range(NAMES)]
+        handles = [hvd.allreduce_async(x[me], op=hvd.Sum, name=f"{prefix}.{i}",
+                                       process_set=process_set)
+                   for i, x in enumerate(inputs)]
+        for handle, x in zip(handles, inputs):
+            assert_equal(hvd.synchronize(handle), sum(x[r] for r in ranks))
 
 
 def case_steps_of_more_tensors_than_the_cache_holds_reduce_right(hvd):
