@@ -82,6 +82,31 @@ def test_a_rank_stopped_between_steps_becomes_a_stall_error_on_every_rank():
     assert "finished" not in out
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_,victim", [(2, 1), (3, 0)])
+def test_shutdown_beside_a_stopped_rank_returns_after_its_deadline(np_, victim):
+    """The others call shutdown() while the victim is stopped: its barrier
+    can never complete, so each gives up after the shutdown deadline (cut
+    to 3 s by the script), saying so, instead of waiting forever; the
+    victim, once continued, finds the coordinator shut down by them."""
+    proc = mpirun(["tests/scripts/stopped_rank.py", "shutdown", str(victim), "6"],
+                  np_=np_, timeout=120)
+    out = proc.stdout + proc.stderr
+    others = [r for r in range(np_) if r != victim]
+    gave_up = ("no shutdown confirmation from rank 0 after 3 s" if victim == 0
+               else "not every rank confirmed shutdown within 3 s")
+    for rank in others:
+        (line,) = _lines(out, f"RANK {rank}: shut down after")
+        waited = float(line.split(" after ")[1].split(" s")[0])
+        # The deadline: not the victim's return (continued after 6 s), nor
+        # the runtime's last resort (joining the thread for 5 s more).
+        assert 2.5 <= waited < 5.5, line
+        assert f"rank {rank}: {gave_up}" in out, out
+    (line,) = _lines(out, f"RANK {victim}: ShutdownError")
+    assert "allreduce of tensor 'grad': the coordinator has shut down (rank " in line, line
+    assert "called shutdown())" in line, line
+
+
 # Stall checks off: the error must not depend on the watchdog or a timeout.
 NO_STALL_CHECKS = {"HOROVOD_STALL_CHECK_DISABLE": "1"}
 

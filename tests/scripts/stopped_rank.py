@@ -8,7 +8,12 @@ Modes:
               collective the others are already running (a test hook wraps
               its backend), so the others sit in that collective;
   between     the victim's training loop stops itself between two steps, so
-              the others wait in the negotiation cycle.
+              the others wait in the negotiation cycle;
+  shutdown    the victim stops itself between two steps, and once it is
+              stopped the others call shutdown(), whose barrier it can never
+              join: each prints `RANK r: shut down after <seconds> s`, and the
+              victim, once continued, what its next allreduce saw. The
+              shutdown deadline is cut to SHUTDOWN_DEADLINE seconds here.
 """
 
 import os
@@ -20,7 +25,7 @@ import time
 import numpy as np
 
 import coordinator as hvd
-from coordinator import runtime
+from coordinator import background, runtime
 
 MODE = sys.argv[1]
 VICTIM = int(sys.argv[2])
@@ -29,6 +34,7 @@ STOP_AT = 20
 # After a fatal error the others stay a while before exiting (which ends the
 # job), so that the stopped rank, once continued, can report what it saw.
 LINGER = RESUME + 4
+SHUTDOWN_DEADLINE = 3.0
 
 
 def stop_me_later_resume():
@@ -53,15 +59,36 @@ class StopInCollective:
         return self.ops.run(*args, **kwargs)
 
 
+def stopped(pid):
+    """Whether process `pid` is stopped (state T in /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def shut_down_beside_a_stopped_rank(pids):
+    while not stopped(pids[VICTIM]):
+        time.sleep(0.01)
+    start = time.monotonic()
+    hvd.shutdown()
+    print(f"RANK {me}: shut down after {time.monotonic() - start:.1f} s", flush=True)
+    time.sleep(LINGER)  # the victim, continued, reports before the job ends
+    sys.exit(0)
+
+
 hvd.init()
 me = hvd.rank()
+if MODE == "shutdown":
+    background.SHUTDOWN_TIMEOUT = SHUTDOWN_DEADLINE
+    pids = hvd.allgather(np.array([os.getpid()], np.int64), name="pids")
 if MODE == "collective" and me == VICTIM:
     bg = runtime.current().background
     bg.ops = StopInCollective(bg.ops)
 start = None
 for step in range(200):
-    if MODE == "between" and me == VICTIM and step == STOP_AT:
+    if MODE in ("between", "shutdown") and me == VICTIM and step == STOP_AT:
         stop_me_later_resume()
+    if MODE == "shutdown" and me != VICTIM and step == STOP_AT:
+        shut_down_beside_a_stopped_rank(pids)
     start = time.monotonic()
     try:
         out = hvd.allreduce(np.full(1000, step, np.float64), op=hvd.Sum, name="grad")
