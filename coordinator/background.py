@@ -171,6 +171,21 @@ def _address(plans, resends, outgoing):
     return outgoing
 
 
+def _whole_groups(taken):
+    """(entry, cycle slot or None) for entries taken together, but no slot
+    for any member of a group one of whose members has none: a group waits
+    in the cycle whole or not at all. (Split, the cycle would run none of
+    its members, as they never all set their bits, and the round none
+    either, as it never hears of the others: a group of more tensors than
+    the cache holds, or whose members' ids a round both handed out and
+    evicted.) A group's members are always taken together (TensorQueue)."""
+    split = {(e.key[0], e.group) for e, slot in taken if e.group and slot is None}
+    if not split:
+        return taken
+    return [(e, None if e.group and (e.key[0], e.group) in split else slot)
+            for e, slot in taken]
+
+
 def _pair(resp):
     """A send/recv's two ranks (global, in order), else ()."""
     return tuple(sorted(resp.ranks)) if resp.op == pb.P2P else ()
@@ -494,6 +509,7 @@ class Background:
         now = time.monotonic()
         paid_groups = {}
         owing = bool(self.owed)
+        taken = []
         for e in entries:
             notice = self.owed.pay(e, paid_groups) if owing else None
             if notice is not None:  # its operation failed before it was submitted
@@ -502,7 +518,8 @@ class Background:
             if not e.in_rounds:
                 self.stream.append(e)
                 continue
-            slot = self._slot_for(e)
+            taken.append((e, self._slot_for(e)))
+        for e, slot in _whole_groups(taken):
             if slot is not None:
                 self.fast[slot] = e
                 self.cycle.set(slot)
@@ -848,9 +865,19 @@ class Background:
 
     def _unslot(self, slot):
         """A cycle entry goes back to rounds (its slot was evicted, or cycles
-        are off): described in full next time, unless rank 0 has it already."""
+        are off): described in full next time, unless rank 0 has it already.
+        A group member takes the rest of its group along (_whole_groups)."""
         e = self.fast.pop(slot)
         self.cycle.clear(slot)
+        self._to_rounds(e)
+        if e.group:
+            for other, sibling in list(self.fast.items()):
+                if sibling.group == e.group and sibling.key[0] == e.key[0]:
+                    del self.fast[other]
+                    self.cycle.clear(other)
+                    self._to_rounds(sibling)
+
+    def _to_rounds(self, e):
         if e.reported:
             self.sent[e.key] = e
         else:

@@ -388,16 +388,29 @@ class Controller:
         switched back on (the timeline stopped, every rank joined), a rank
         that took it just before the switch describes it in a round and a
         rank that took it just after sets its cycle bit, and neither path
-        can complete. A report round brings the cycle's copies here."""
+        can complete. A report round brings the cycle's copies here.
+
+        So too for a group's members; and for a group that every rank has
+        split, describing some members here and holding the others in the
+        cycle, where the cycle never runs them: its negotiations complete
+        here and wait for members no rank described. Ranks keep a group
+        whole, in the cycle or out of it (Background._whole_groups and
+        _unslot); should one still split it, this asks for a report every
+        few milliseconds instead of leaving it to wait for ever."""
         if not self.cache.enabled:
             return False
         for neg in self._pending.values():
-            if neg.process_set_id != 0 or neg.group is not None:
+            if neg.process_set_id != 0:
                 continue
             req = neg.representative()
             if req.op in CACHEABLE and self.cache.holds(0, req):
                 return True
-        return False
+        # (Each rank describes the members it takes for rounds at once.)
+        if not self._groups:
+            return False
+        waiting = {n.group for n in self._pending.values()}
+        return any(gkey[0] == 0 and group.done and gkey not in waiting
+                   for gkey, group in self._groups.items())
 
     def joined(self):
         """Whether some rank has joined (and not every rank yet)."""

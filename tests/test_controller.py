@@ -535,3 +535,33 @@ def test_an_entry_is_described_to_rank_0_by_the_fields_its_op_uses(entry, wire):
     """Entry.request: what a worker sends rank 0 in full, every field its
     op uses, none it does not."""
     assert entry.request() == wire
+
+
+def _group(prefix, size=3):
+    return [req(f"{prefix}_{i}of{size}", group=prefix, group_size=size) for i in range(size)]
+
+
+def test_a_cached_group_waiting_for_a_rank_asks_for_the_cycle():
+    """Rank 1 may hold its members in the cycle (it took the group while
+    cycles were on, rank 0 while they were off): a report brings them."""
+    ctl = Controller(2)
+    for rank in (0, 1):
+        submit(ctl, rank, *_group("g"))
+    assert len(ctl.take_plans()) == 1 and not ctl.waits_on_cycles()
+    submit(ctl, 0, *_group("g"))
+    assert ctl.waits_on_cycles()
+    submit(ctl, 1, *_group("g"))
+    assert ctl.take_plans() and not ctl.waits_on_cycles()
+
+
+def test_a_group_whose_other_members_no_rank_described_asks_for_the_cycle():
+    """Every rank described two of the three members and the group cannot
+    run: each rank describes all its members at once, so the third waits
+    in the cycle everywhere. Not so while a rank has yet to describe any."""
+    ctl = Controller(2, cache_capacity=2)
+    two = _group("g")[:2]
+    submit(ctl, 0, *two)
+    assert not ctl.waits_on_cycles()
+    submit(ctl, 1, *two)
+    assert ctl.take_plans() == [] and ctl.waits_on_cycles()
+    assert not Controller(2, cache_capacity=0).waits_on_cycles()

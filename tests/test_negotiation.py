@@ -231,3 +231,21 @@ def test_a_tensor_a_round_runs_leaves_its_cycle_slot_at_once():
     bg._execute(pb.Response(op=pb.ALLREDUCE, names=["k"]))
     assert bg.executor and not e.done  # running
     assert bg.fast == {} and bg.cycle.bits == 0  # and out of the cycle already
+
+
+def test_a_group_waits_in_the_cycle_whole_or_not_at_all():
+    """A group one of whose members has no cycle slot goes to a round whole:
+    split, neither the cycle nor the round could run it."""
+    from coordinator.background import _whole_groups
+    from coordinator.tensor_queue import Entry
+
+    def entry(name, group="", pset=0):
+        return Entry(name, pb.ALLREDUCE, group=group, group_size=2 if group else 0,
+                     process_set_id=pset)
+
+    g1, g2, h1, h2, solo, other = (entry("g1", "g"), entry("g2", "g"), entry("h1", "h"),
+                                   entry("h2", "h"), entry("solo"), entry("other"))
+    taken = [(g1, 0), (g2, None), (h1, 1), (h2, 2), (solo, 3), (other, None)]
+    assert _whole_groups(taken) == [(g1, None), (g2, None), (h1, 1), (h2, 2), (solo, 3),
+                                    (other, None)]
+    assert _whole_groups(taken[2:5]) == taken[2:5]

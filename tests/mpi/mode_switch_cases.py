@@ -54,6 +54,35 @@ def case_riders_taken_on_both_sides_of_the_timeline_stopping_meet(hvd):
     _switch_back_and_run(hvd, (2,), "tiny")
 
 
+def case_groups_taken_on_both_sides_of_the_timeline_stopping_meet(hvd):
+    """As above, x and y each a group of two (a group waits in the cycle
+    whole, so rank 0 sees its members wait for ranks in a round)."""
+    rank, size = hvd.rank(), hvd.size()
+    shape = (32,)
+    x = lambda v: [np.full(shape, v + rank), np.full(shape, 2 * v + rank)]
+    want = lambda v: [np.full(shape, sum(v + r for r in range(size))),
+                      np.full(shape, sum(2 * v + r for r in range(size)))]
+    for _ in range(2):
+        for name in ("gx", "gy", "gz"):
+            hvd.grouped_allreduce(x(0.0), name=name, op=hvd.Sum)
+    path = os.path.join(tempfile.gettempdir(), f"mode_switch_{os.getpid()}_groups.json")
+    if rank == 0:
+        hvd.start_timeline(path)
+    hvd.grouped_allreduce(x(0.0), name="gz", op=hvd.Sum)  # rounds from here on
+    if rank == 0:
+        hvd.stop_timeline()
+        hx = hvd.grouped_allreduce_async(x(1.0), name="gx", op=hvd.Sum)
+        hy = hvd.grouped_allreduce_async(x(10.0), name="gy", op=hvd.Sum)
+        got_y, got_x = hvd.synchronize(hy), hvd.synchronize(hx)
+    else:
+        got_y = hvd.grouped_allreduce(x(10.0), name="gy", op=hvd.Sum)
+        got_x = hvd.grouped_allreduce(x(1.0), name="gx", op=hvd.Sum)
+    for got, expected in zip(got_x + got_y, want(1.0) + want(10.0)):
+        np.testing.assert_array_equal(got, expected)
+    if rank == 0 and os.path.exists(path):
+        os.remove(path)
+
+
 def case_tensors_after_a_join_meet(hvd):
     """Rank 0 joins last; the others submit x as soon as their join returns,
     rank 0 a moment later."""
