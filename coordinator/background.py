@@ -858,8 +858,14 @@ class Background:
                 self._unslot(slot)
         for notice in msg.notices:
             self._owe(notice)
+        # A round that brings more new tensors than the cache holds evicts
+        # some of the ids it hands out: they are dead on arrival, never
+        # stored (stored, they would hold their cycle slots for good, rank 0
+        # never evicting them again, and describe their tensors by ids rank
+        # 0 no longer knows).
+        dead = frozenset(msg.evicted)
         for resp in msg.responses:
-            self._execute(resp)
+            self._execute(resp, dead=dead)
         if msg.resend:
             self._resend_ids(msg.resend)
 
@@ -1242,8 +1248,9 @@ class Background:
         self.finished = True
 
     # ----------------------------------------------------------- execution
-    def _collect(self, resp):
-        """This rank's entries for a response, in the response's order."""
+    def _collect(self, resp, dead=frozenset()):
+        """This rank's entries for a response, in the response's order; the
+        new cache ids it gives are stored, but those in `dead` (evicted)."""
         entries = []
         new_ids = resp.new_cache_ids
         pset = resp.process_set_id
@@ -1251,7 +1258,7 @@ class Background:
             entry = self.queue.get((pset, name))
             if entry is None:
                 entry = self._stand_in(resp, name, i)
-            if entry is not None and i < len(new_ids) and new_ids[i]:
+            if entry is not None and i < len(new_ids) and new_ids[i] and new_ids[i] not in dead:
                 # A joined rank's stand-in too: every rank gives the id a slot.
                 self._store(entry, new_ids[i])
             entries.append(entry)
@@ -1312,12 +1319,13 @@ class Background:
                 del self.fast[slot]
                 self.cycle.clear(slot)
 
-    def _execute(self, resp, entries=None):
-        """Runs a response over `entries` (by default, what _collect finds)."""
+    def _execute(self, resp, entries=None, dead=frozenset()):
+        """Runs a response over `entries` (by default, what _collect finds,
+        storing the new cache ids it gives but those in `dead`)."""
         self.stats["responses"] += 1
         if entries is None:
             try:
-                entries = self._collect(resp)
+                entries = self._collect(resp, dead)
             except HorovodInternalError as exc:
                 self._break(resp, str(exc))
                 return

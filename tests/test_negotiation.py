@@ -224,7 +224,7 @@ def test_a_tensor_a_round_runs_leaves_its_cycle_slot_at_once():
     bg.slots = types.SimpleNamespace(slot=lambda cache_id: 3 if cache_id == 7 else None)
     bg.fast, bg.cycle = {3: e}, _Bits()
     bg.cycle.set(3)
-    bg._collect = lambda resp: [e]
+    bg._collect = lambda resp, dead: [e]
     bg.timeline = types.SimpleNamespace(enabled=False)
     bg.ops = types.SimpleNamespace(run=running)
     bg.config = types.SimpleNamespace(async_completion=False)
