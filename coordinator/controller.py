@@ -218,9 +218,11 @@ class Controller:
         # (set, group) -> {rank: deque of (text, kind)}: answered on arrival.
         self._owed = {}
         self._owed_groups = {}
-        # While one RequestList is processed: (group, rank) -> (text, kind)
-        # for a failed group instance whose other members may still follow.
+        # While one RequestList is processed (from rank `_reading`):
+        # (group, rank) -> (text, kind) for a failed group instance whose
+        # other members may still follow in it.
         self._batch_failed = {}
+        self._reading = None
         self._joined = {}  # rank -> order of joining
         self._plans = []
         self._resend = {}  # rank -> [cache ids to send in full]
@@ -233,6 +235,7 @@ class Controller:
 
     def submit(self, rank, request_list):
         """Everything one RequestList from `rank` asks for."""
+        self._reading = rank
         try:
             for cached in request_list.cached:
                 template = self.cache.get(cached.cache_id)
@@ -243,6 +246,7 @@ class Controller:
             for req in request_list.requests:
                 self.submit_request(rank, req, req.submit_time)
         finally:
+            self._reading = None
             self._batch_failed.clear()
         if request_list.shutdown:
             self.request_shutdown(rank, request_list.shutdown_reason)
@@ -547,8 +551,14 @@ class Controller:
             self._negotiation_over(neg)
             resp = self._error_response(neg.process_set_id, neg.representative(), text, kind)
             self._plans.append(Plan(resp, sorted(neg.requests)))
-        for rank in group.sizes:
-            self._batch_failed[(gkey, rank)] = (text, kind)
+        if self._reading in group.sizes:
+            # The rest of this instance in the list being read fails too.
+            # Other lists hold none of it, as each rank describes a group's
+            # members together (but for a member whose cache id rank 0 did
+            # not know, resent later: that one is not caught). Recorded for
+            # other ranks, or outside a list (a stall), it failed their
+            # next instance as well.
+            self._batch_failed[(gkey, self._reading)] = (text, kind)
         notice = pb.Response(op=group.op, process_set_id=gkey[0], group=gkey[1], error=text,
                              error_kind=kind)
         self._owe([m for m in self.process_sets.get(gkey[0], ())

@@ -565,3 +565,43 @@ def test_a_group_whose_other_members_no_rank_described_asks_for_the_cycle():
     submit(ctl, 1, *two)
     assert ctl.take_plans() == [] and ctl.waits_on_cycles()
     assert not Controller(2, cache_capacity=0).waits_on_cycles()
+
+
+@pytest.mark.parametrize("pset", [0, 1])
+def test_after_a_stalled_group_fails_the_next_instance_runs_and_the_late_rank_owes_one(pset):
+    """Rank 1 is late with a group past the stall shutdown time: the group
+    fails on rank 0, and rank 0's next instance of it then runs with rank
+    1's late one, which fails instead (rank 1 owes it: a notice for the
+    global set, an answer on arrival for another set). Rank 0's next
+    instance used to fail too, with the same error, when it arrived before
+    any other RequestList: the failure was still recorded as one of the
+    list being read."""
+    ctl, clock = _stalling(3)
+    if pset:
+        ctl.register_process_set(1, [0, 1])
+    group = lambda: [req(f"g_{i}of2", group="g", group_size=2, process_set_id=pset)
+                     for i in (1, 2)]
+    submit(ctl, 0, *group())
+    if not pset:
+        submit(ctl, 2, *group())
+    clock.now += 11
+    ctl.inspect_stalls()
+    failed = ctl.take_plans()
+    assert {p.recipients for p in failed} == ({(0,)} if pset else {(0, 2)})
+    assert all("rank 1 did not submit it" in p.response.error for p in failed)
+    submit(ctl, 0, *group())  # the next instance, first of any list
+    assert ctl.take_plans() == []
+    if not pset:
+        owed = ctl.take_notices()[1]
+        assert [n.group for n in owed] == ["g"]
+    submit(ctl, 1, *group())  # its late instance
+    if pset:
+        late = ctl.take_plans()
+        assert len(late) == 2 and {p.recipients for p in late} == {(1,)}
+        assert all("rank 1 did not submit it" in p.response.error for p in late)
+    else:
+        assert ctl.take_plans() == []  # (it was told: its first instance is owed)
+        submit(ctl, 2, *group())
+    submit(ctl, 1, *group())  # in step with rank 0's next instance
+    (run,) = [p for p in ctl.take_plans() if not p.response.error]
+    assert sorted(run.response.names) == ["g_1of2", "g_2of2"]

@@ -8,6 +8,9 @@ LIFECYCLE = CaseResults("tests/mpi/lifecycle_cases.py")
 STALLS = CaseResults("tests/mpi/stall_cases.py",
                      env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
                           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}, case_timeout=120)
+SET_STALLS = CaseResults("tests/mpi/set_stall_cases.py",
+                         env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                              "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}, case_timeout=60)
 
 
 @pytest.mark.mpi
@@ -29,6 +32,12 @@ def test_stalled_tensor_fails_naming_the_missing_rank(np_):
                                   "a_rank_late_again_and_again_stays_in_step"])
 def test_after_stalls_each_ranks_nth_submission_meets_the_others_nth(case, np_):
     STALLS.check(case, np_)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", case_names("tests/mpi/set_stall_cases.py"))
+def test_stalls_in_a_process_set(case):
+    SET_STALLS.check(case, 3)
 
 
 @pytest.mark.mpi
