@@ -253,6 +253,10 @@ class Background:
         self.params = {"fast": self.cache_enabled, "fusion_threshold": cfg.fusion_threshold,
                        "pack_limit": cfg.pack_limit}
         self.resend = []  # entries rank 0 asked to have in full
+        # This rank's refusals in the global set that rank 0 has not answered
+        # yet: key (a tensor's, or a group's) -> the first round that can
+        # carry it (see _refuse).
+        self._refusing = {}
         self._round_started = None
         self._next_control = 0.0
         self._streamed = 0  # this rank's streamed entries not answered yet
@@ -518,6 +522,8 @@ class Background:
             if not e.in_rounds:
                 self.stream.append(e)
                 continue
+            if e.rejected:
+                self._refusing[e.key] = self.rounds
             taken.append((e, self._slot_for(e)))
         for e, slot in _whole_groups(taken):
             if slot is not None:
@@ -528,6 +534,16 @@ class Background:
                 self.classic.append(e)
             self._fresh = True
 
+    def _behind_refusal(self, e):
+        """Whether `e` follows a refusal of its tensor (or group) by this
+        rank that rank 0 has not answered yet. The refusal goes to a round;
+        the caller had its error at once and may submit the next step of
+        the same name, which must follow it there. Set in the cycle, it
+        could meet the other ranks' copies of the refused step, which wait
+        in the cycle until that round fails them, and every rank's Nth
+        submission would run with another's (N+1)th."""
+        return e.key in self._refusing or bool(e.group) and (e.key[0], e.group) in self._refusing
+
     def _fail_owed(self, e, resp):
         kind = ERROR_TYPES.get(resp.error_kind, HorovodInternalError)
         self.queue.complete(e, error=kind(resp.error))
@@ -536,6 +552,8 @@ class Background:
         """The cycle slot of a cached global-set entry, whose cache id it
         records, or None (it waits for a round)."""
         if not self.params["fast"] or e.rejected or e.op not in CACHEABLE or e.key[0] != 0:
+            return None
+        if self._refusing and self._behind_refusal(e):
             return None
         cache_id = self.cache.lookup(e.key, e.signature())
         slot = self.slots.slot(cache_id) if cache_id else None
@@ -848,6 +866,8 @@ class Background:
         parameters, evictions, notices, plans, resends."""
         self.params = {"fast": msg.fast, "fusion_threshold": msg.fusion_threshold,
                        "pack_limit": msg.pack_limit}
+        if self._refusing:  # rank 0 has read the refusals this round carried
+            self._refusing = {k: n for k, n in self._refusing.items() if n > msg.round}
         if not msg.fast:
             for slot in list(self.fast):
                 self._unslot(slot)
@@ -922,7 +942,10 @@ class Background:
     def _describe(self, rl, e, cached=True):
         if not e.rejected and e.in_rounds:
             self.sent[e.key] = e
-        if cached and self.cache_enabled and e.op in CACHEABLE and not e.rejected:
+        # (Behind a refusal in the same list, in full: rank 0 reads the ids
+        # before the requests, and would take this copy for the refused one.)
+        if (cached and self.cache_enabled and e.op in CACHEABLE and not e.rejected
+                and not (self._refusing and self._behind_refusal(e))):
             cache_id = self.cache.lookup(e.key, e.signature())
             if cache_id:
                 self.stats["cached_requests"] += 1

@@ -578,6 +578,9 @@ class Controller:
                 group = self._groups[gkey] = _Group(req.op)
             group.sizes[rank] = req.group_size
             self._fail_group(gkey, text, pb.INVALID)
+            # The refusal stands for this rank's whole instance: members of
+            # that group later in its list are its next instance.
+            self._batch_failed.pop((gkey, rank), None)
             return
         key = (pset, req.name)
         neg = self._pending.get(key)

@@ -605,3 +605,20 @@ def test_after_a_stalled_group_fails_the_next_instance_runs_and_the_late_rank_ow
     submit(ctl, 1, *group())  # in step with rank 0's next instance
     (run,) = [p for p in ctl.take_plans() if not p.response.error]
     assert sorted(run.response.names) == ["g_1of2", "g_2of2"]
+
+
+def test_a_group_refused_then_submitted_again_in_one_list_is_two_instances():
+    """Rank 1 refused its instance of the group, then submitted the next
+    one, both in one RequestList: the refusal fails rank 0's instance, and
+    rank 1's next one waits for rank 0's next (it used to fail as part of
+    the refused instance, and rank 0's next waited for ever)."""
+    ctl = Controller(2)
+    group = lambda: [req(f"g_{i}of2", group="g", group_size=2) for i in (1, 2)]
+    submit(ctl, 1, pb.Request(name="g", group="g", group_size=2,
+                              rejected="ValueError: bad dtype"), *group())
+    assert ctl.take_plans() == []  # nothing of rank 1's next instance fails
+    (owed,) = ctl.take_notices()[0]
+    assert owed.group == "g" and "rank 1 rejected grouped allreduce 'g'" in owed.error
+    submit(ctl, 0, *group())  # its next instance (its refused one failed as owed)
+    (run,) = ctl.take_plans()
+    assert not run.response.error and sorted(run.response.names) == ["g_1of2", "g_2of2"]

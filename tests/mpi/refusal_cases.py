@@ -86,6 +86,45 @@ def case_a_refused_group_member_fails_the_group_everywhere(hvd):
     _then_the_job_goes_on(hvd, "after.g2")
 
 
+def case_a_refused_step_of_a_cached_tensor_fails_that_step_everywhere(hvd):
+    """The others' copy waits in the negotiation cycle (the tensor is
+    cached); the refusing rank's next step of the same name may set its
+    cycle bit before its refusal reaches rank 0 in a round. It must not run
+    with the others' refused step: each rank's Nth submission meets the
+    others' Nth."""
+    me, n = hvd.rank(), hvd.size()
+    for step in range(2):
+        assert_equal(hvd.allreduce(np.full(3, step + me, np.float64), op=hvd.Sum, name="t3"),
+                     np.full(3, float(sum(step + r for r in range(n)))))
+    if me == 1:
+        expect_raises(ValueError, hvd.allreduce, np.ones(3, np.complex128), name="t3")
+    else:
+        _others_fail(hvd, lambda: hvd.allreduce(np.full(3, 2.0 + me), op=hvd.Sum, name="t3"),
+                     "rank 1 rejected allreduce of tensor 't3'")
+    assert_equal(hvd.allreduce(np.full(3, 3.0 + me), op=hvd.Sum, name="t3"),
+                 np.full(3, float(sum(3 + r for r in range(n)))))
+
+
+def case_a_refused_instance_of_a_cached_group_fails_it_everywhere(hvd):
+    """The others' members wait in the negotiation cycle (the group is
+    cached), where the refusal, which goes to a round, cannot meet them:
+    they fail as members owed (rank 0 tells them so), and the next
+    instance runs everywhere."""
+    me, n = hvd.rank(), hvd.size()
+    for _ in range(2):
+        out = hvd.grouped_allreduce([np.ones(2), np.ones(3)], op=hvd.Sum, name="g3")
+        assert_equal(out[1], np.full(3, float(n)))
+    if me == 1:
+        expect_raises(ValueError, hvd.grouped_allreduce,
+                      [np.ones(2), np.ones(3, np.complex128)], name="g3")
+    else:
+        _others_fail(hvd, lambda: hvd.grouped_allreduce([np.ones(2), np.ones(3)], op=hvd.Sum,
+                                                        name="g3"),
+                     "rank 1 rejected grouped allreduce 'g3'")
+    out = hvd.grouped_allreduce([np.ones(2), np.ones(3)], op=hvd.Sum, name="g3")
+    assert_equal(out[0], np.full(2, float(n)))
+
+
 def case_a_name_that_cannot_be_encoded_is_refused_and_the_coordinator_lives(hvd):
     exc = expect_raises(ValueError, hvd.allreduce, np.ones(2), name="x\udc80")
     assert "UTF-8" in str(exc)
