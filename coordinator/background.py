@@ -869,8 +869,8 @@ class Background:
         if self._refusing:  # rank 0 has read the refusals this round carried
             self._refusing = {k: n for k, n in self._refusing.items() if n > msg.round}
         if not msg.fast:
-            for slot in list(self.fast):
-                self._unslot(slot)
+            while self.fast:  # (a group member takes its siblings along)
+                self._unslot(next(iter(self.fast)))
         for cache_id in msg.evicted:
             self.cache.evict(cache_id)
             slot = self.slots.release(cache_id)

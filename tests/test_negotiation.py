@@ -249,3 +249,27 @@ def test_a_group_waits_in_the_cycle_whole_or_not_at_all():
     assert _whole_groups(taken) == [(g1, None), (g2, None), (h1, 1), (h2, 2), (solo, 3),
                                     (other, None)]
     assert _whole_groups(taken[2:5]) == taken[2:5]
+
+
+def test_cycles_switched_off_send_a_waiting_group_to_rounds_whole():
+    """A round's answer turns cycles off (a timeline starts) while a group
+    and a tensor wait in the cycle: every one goes to the rounds, the group
+    whole (its first member took its siblings along, and the loop over the
+    slots then met their emptied slots: the background thread died of a
+    KeyError, seen once at np=3)."""
+    from coordinator.background import Background
+    from coordinator.tensor_queue import Entry
+
+    def entry(name, group=""):
+        return Entry(name, pb.ALLREDUCE, group=group, group_size=2 if group else 0)
+
+    g1, g2, solo = entry("g_1of2", "g"), entry("g_2of2", "g"), entry("solo")
+    bg = Background.__new__(Background)
+    bg._refusing, bg.sent, bg.classic = {}, {}, []
+    bg.fast, bg.cycle = {4: g1, 2: solo, 9: g2}, _Bits()
+    for slot in bg.fast:
+        bg.cycle.set(slot)
+    bg._apply_round(pb.ResponseList(round=3, fast=False))
+    assert bg.fast == {} and bg.cycle.bits == 0
+    assert sorted(e.name for e in bg.classic) == ["g_1of2", "g_2of2", "solo"]
+    assert bg.params["fast"] is False
