@@ -255,7 +255,7 @@ class Background:
         self.resend = []  # entries rank 0 asked to have in full
         # This rank's refusals in the global set that rank 0 has not answered
         # yet: key (a tensor's, or a group's) -> the first round that can
-        # carry it (see _refuse).
+        # carry it (see _behind_refusal).
         self._refusing = {}
         self._round_started = None
         self._next_control = 0.0
