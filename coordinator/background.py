@@ -780,7 +780,7 @@ class Background:
         number = self.rounds
         self.rounds += 1
         self._round_started = time.monotonic()
-        todo = [e for e in self.resend if e.in_rounds] + self.classic
+        todo = [e for e in self.resend + self.classic if e.in_rounds and not e.done]
         self.resend = [e for e in self.resend if not e.in_rounds]
         self.classic = []
         rl = self._request_list(todo, number)
@@ -1043,7 +1043,7 @@ class Background:
 
     def _stream_requests(self):
         """This rank's other-set entries (and resends of them), described."""
-        todo = [e for e in self.resend if not e.in_rounds] + self.stream
+        todo = [e for e in self.resend if not e.in_rounds and not e.done] + self.stream
         if not todo:
             return None
         self.resend = [e for e in self.resend if e.in_rounds]
@@ -1363,9 +1363,12 @@ class Background:
                     self._leave_cycle(e)
         if resp.error:
             kind = ERROR_TYPES.get(resp.error_kind, HorovodInternalError)
+            groups = {(e.key[0], e.group) for e in entries if self._mine(e) and e.group}
             for e in entries:
                 if self._mine(e):
                     self._done(e, error=kind(resp.error))
+            for pset, group in groups:
+                self._fail_rest_of_group(pset, group, lambda: kind(resp.error))
             return
         op = resp.op
         try:
@@ -1407,6 +1410,17 @@ class Background:
         self._complete_queued()
         for op in done:
             self._finish_op(op)
+
+    def _fail_rest_of_group(self, pset, group, make_error):
+        """A grouped operation fails as a unit: this rank's other members of
+        the instance fail with it now. Rank 0 failed every member it knew;
+        one it had asked to have in full (a resend) and not received yet is
+        not among them, and, sent later, would open a negotiation of its own
+        and meet the other ranks' next instance of the group."""
+        running = {id(e) for op in self.executor.in_flight() for e in op.entries}
+        for e in self.queue.group(pset, group):
+            if id(e) not in running:
+                self._done(e, error=make_error())
 
     def _progress(self):
         """Drives the operations in flight; True when any of them moved."""

@@ -554,10 +554,10 @@ class Controller:
         if self._reading in group.sizes:
             # The rest of this instance in the list being read fails too.
             # Other lists hold none of it, as each rank describes a group's
-            # members together (but for a member whose cache id rank 0 did
-            # not know, resent later: that one is not caught). Recorded for
-            # other ranks, or outside a list (a stall), it failed their
-            # next instance as well.
+            # members together (a member whose cache id rank 0 did not know,
+            # to be resent, fails on its rank with the others: Background.
+            # _fail_rest_of_group). Recorded for other ranks, or outside a
+            # list (a stall), it failed their next instance as well.
             self._batch_failed[(gkey, self._reading)] = (text, kind)
         notice = pb.Response(op=group.op, process_set_id=gkey[0], group=gkey[1], error=text,
                              error_kind=kind)

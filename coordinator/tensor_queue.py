@@ -288,6 +288,13 @@ class TensorQueue:
         """The entry in flight under (process set, name), or None."""
         return self._inflight.get(key)
 
+    def group(self, process_set_id, group):
+        """The entries in flight of grouped operation `group`, negotiated in
+        that process set (one instance: names are unique in flight)."""
+        with self._lock:
+            return [e for e in self._inflight.values()
+                    if e.group == group and e.key[0] == process_set_id]
+
     def complete(self, entry, result=None, error=None):
         with self._lock:
             if self._inflight.get(entry.key) is entry:

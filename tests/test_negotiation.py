@@ -273,3 +273,39 @@ def test_cycles_switched_off_send_a_waiting_group_to_rounds_whole():
     assert bg.fast == {} and bg.cycle.bits == 0
     assert sorted(e.name for e in bg.classic) == ["g_1of2", "g_2of2", "solo"]
     assert bg.params["fast"] is False
+
+
+@pytest.mark.parametrize("pset", [0, 1])
+def test_a_failed_group_takes_its_members_waiting_to_be_resent_along(pset):
+    """Rank 0 answers a group's instance with an error (a mismatch) for the
+    member it knew, and asks for the other in full: this rank had described
+    it by a cache id rank 0 had evicted. The other fails with it and is not
+    sent: rank 0 would take it for a member of the group's next instance."""
+    from coordinator.background import Background
+    from coordinator.errors import TensorMismatchError
+    from coordinator.executor import Executor
+    from coordinator.response_cache import WorkerCache
+    from coordinator.tensor_queue import Entry, TensorQueue
+
+    g1, g2 = (Entry(f"g_{i}of2", pb.ALLREDUCE, tensor=np.ones(2), group="g", group_size=2,
+                    process_set_id=pset) for i in (1, 2))
+    other = Entry("h_1of1", pb.ALLREDUCE, tensor=np.ones(2), group="h", group_size=1,
+                  process_set_id=pset)
+    queue = TensorQueue()
+    queue.push_all([g1, g2, other])
+    queue.drain()
+    bg = Background.__new__(Background)
+    bg.stats = {"responses": 0}
+    bg.queue, bg.executor, bg.cache = queue, Executor(), WorkerCache()
+    bg.slots = SlotTable(4)
+    bg.fast, bg.resend, bg._completed, bg._streamed = {}, [], False, 0 if pset == 0 else 3
+    g1.cache_id = 5
+    bg.sent_by_id = {5: g1}
+    bg.sent = {g1.key: g1, g2.key: g2} if pset == 0 else {}
+    error = "Mismatched shape for allreduce of tensor 'g_2of2': ..."
+    bg._execute(pb.Response(op=pb.ALLREDUCE, process_set_id=pset, names=["g_2of2"],
+                            error=error, error_kind=pb.MISMATCH))
+    assert g2.done and g1.done and not other.done
+    assert isinstance(g1.error, TensorMismatchError) and str(g1.error) == error
+    bg._resend_ids([5])
+    assert bg.resend == []
