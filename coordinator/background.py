@@ -186,6 +186,12 @@ def _whole_groups(taken):
             for e, slot in taken]
 
 
+def _copy_of(e, keys):
+    """Whether entry `e` is a copy of a tensor, or a member of a group, whose
+    key ((set, name) or (set, group)) is in `keys`."""
+    return e.key in keys or bool(e.group) and (e.key[0], e.group) in keys
+
+
 def _pair(resp):
     """A send/recv's two ranks (global, in order), else ()."""
     return tuple(sorted(resp.ranks)) if resp.op == pb.P2P else ()
@@ -542,7 +548,7 @@ class Background:
         could meet the other ranks' copies of the refused step, which wait
         in the cycle until that round fails them, and every rank's Nth
         submission would run with another's (N+1)th."""
-        return e.key in self._refusing or bool(e.group) and (e.key[0], e.group) in self._refusing
+        return _copy_of(e, self._refusing)
 
     def _fail_owed(self, e, resp):
         kind = ERROR_TYPES.get(resp.error_kind, HorovodInternalError)
@@ -931,9 +937,17 @@ class Background:
     # ------------------------------------------------------------ requests
     def _request_list(self, entries, number):
         rl = pb.RequestList(round=number)
+        refused = set()  # keys this list refuses
         for e in entries:
+            if e.rejected:
+                refused.add(e.key)
+            # Behind a refusal of its tensor (or group) in the same list, in
+            # full: rank 0 reads a list's cache ids before its requests, and
+            # would take this next copy for the refused one (in a round, or
+            # a process set's stream).
+            behind = bool(refused) and not e.rejected and _copy_of(e, refused)
             try:
-                self._describe(rl, e)
+                self._describe(rl, e, cached=not behind)
             except Exception as exc:  # one entry's description never stops the loop
                 self._done(e, error=HorovodInternalError(
                     f"{e.describe()}: could not be sent to the coordinator: {exc!r}"))
@@ -942,10 +956,7 @@ class Background:
     def _describe(self, rl, e, cached=True):
         if not e.rejected and e.in_rounds:
             self.sent[e.key] = e
-        # (Behind a refusal in the same list, in full: rank 0 reads the ids
-        # before the requests, and would take this copy for the refused one.)
-        if (cached and self.cache_enabled and e.op in CACHEABLE and not e.rejected
-                and not (self._refusing and self._behind_refusal(e))):
+        if cached and self.cache_enabled and e.op in CACHEABLE and not e.rejected:
             cache_id = self.cache.lookup(e.key, e.signature())
             if cache_id:
                 self.stats["cached_requests"] += 1

@@ -16,3 +16,13 @@ RESULTS = CaseResults(MODULE, case_timeout=40, timeout=400)
 @pytest.mark.parametrize("case", case_names(MODULE))
 def test_refusals(case, np_):
     RESULTS.check(case, np_)
+
+
+SETS = CaseResults("tests/mpi/set_refusal_cases.py", case_timeout=40)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", case_names("tests/mpi/set_refusal_cases.py"))
+def test_refusals_in_a_process_set(case):
+    SETS.check(case, 3)
+
