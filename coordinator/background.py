@@ -899,21 +899,18 @@ class Background:
         """A cycle entry goes back to rounds (its slot was evicted, or cycles
         are off): described in full next time, unless rank 0 has it already.
         A group member takes the rest of its group along (_whole_groups)."""
-        e = self.fast.pop(slot)
-        self.cycle.clear(slot)
-        self._to_rounds(e)
+        e = self.fast[slot]
+        slots = [slot]
         if e.group:
-            for other, sibling in list(self.fast.items()):
-                if sibling.group == e.group and sibling.key[0] == e.key[0]:
-                    del self.fast[other]
-                    self.cycle.clear(other)
-                    self._to_rounds(sibling)
-
-    def _to_rounds(self, e):
-        if e.reported:
-            self.sent[e.key] = e
-        else:
-            self.classic.append(e)
+            slots += [s for s, x in self.fast.items()
+                      if s != slot and x.group == e.group and x.key[0] == e.key[0]]
+        for s in slots:
+            self.cycle.clear(s)
+            e = self.fast.pop(s)
+            if e.reported:
+                self.sent[e.key] = e
+            else:
+                self.classic.append(e)
 
     def _owe(self, notice):
         """This rank owes an operation that failed before it submitted it: a

@@ -541,9 +541,11 @@ class Controller:
         self._owe([m for m in neg.members if m not in neg.requests
                    and m not in excused and m not in self._joined], resp)
 
-    def _fail_group(self, gkey, text, kind, excused=()):
+    def _fail_group(self, gkey, text, kind, excused=(), whole=False):
         """Fails every member of a group instance on the ranks that submitted
-        it; members of the set that have not submitted the group owe it."""
+        it; members of the set that have not submitted the group owe it.
+        `whole`: the failing request stands for the whole instance of the
+        rank whose list is being read (a refusal), so none of it follows."""
         group = self._groups.pop(gkey)
         negs = list(group.done) + [n for n in self._pending.values() if n.group == gkey]
         for neg in negs:
@@ -551,7 +553,7 @@ class Controller:
             self._negotiation_over(neg)
             resp = self._error_response(neg.process_set_id, neg.representative(), text, kind)
             self._plans.append(Plan(resp, sorted(neg.requests)))
-        if self._reading in group.sizes:
+        if self._reading in group.sizes and not whole:
             # The rest of this instance in the list being read fails too.
             # Other lists hold none of it, as each rank describes a group's
             # members together (a member whose cache id rank 0 did not know,
@@ -577,10 +579,8 @@ class Controller:
             if group is None:
                 group = self._groups[gkey] = _Group(req.op)
             group.sizes[rank] = req.group_size
-            self._fail_group(gkey, text, pb.INVALID)
-            # The refusal stands for this rank's whole instance: members of
-            # that group later in its list are its next instance.
-            self._batch_failed.pop((gkey, rank), None)
+            # Members of that group later in its list are its next instance.
+            self._fail_group(gkey, text, pb.INVALID, whole=True)
             return
         key = (pset, req.name)
         neg = self._pending.get(key)
