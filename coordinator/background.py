@@ -1528,7 +1528,9 @@ class Background:
         request = self.channel.barrier()
         self._final = (request, time.monotonic() + SHUTDOWN_TIMEOUT, reason)
         # A cycle in flight is left as it is: nothing reads it any more, and
-        # MPI_Finalize does not wait for it (measured with Open MPI 5).
+        # MPI_Finalize does not wait for it (measured with Open MPI 5); but
+        # MPI may complete it there, so its buffers outlive the interpreter
+        # (Cycle.close, leftovers.py).
 
     def _final_turn(self):
         request, deadline, reason = self._final

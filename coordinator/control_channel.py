@@ -17,6 +17,8 @@ import struct
 import numpy as np
 from mpi4py import MPI
 
+from coordinator import leftovers
+
 TAG_REQUEST = 1  # worker -> coordinator, any time: reports, shutdown
 TAG_RESPONSE = 2  # coordinator -> worker, any time: answers, pings, shutdown
 TAG_ROUND = 3  # worker -> coordinator: its RequestList for a round
@@ -66,12 +68,17 @@ class ControlChannel:
             return None
 
     def cancel_sends(self):
+        """Gives up on the sends under way (shutting down). MPI may still
+        read their payloads, even as the process exits (Open MPI cancels
+        no send): they are kept until it has (leftovers.py)."""
+        if not self._sends:
+            return
         for req, _ in self._sends:
             try:
                 req.Cancel()
-                req.Free()
             except MPI.Exception:
                 pass
+        leftovers.keep(self._sends)
         self._sends = []
 
 
@@ -171,9 +178,12 @@ class Cycle:
         return self._request is not None or self._payload_request is not None
 
     def close(self):
-        """Frees the persistent requests, unless a cycle is still in flight
-        (a rank that stopped waiting for it leaves them to MPI_Finalize)."""
+        """Frees the persistent requests. A cycle still in flight (a rank
+        that stopped waiting for it) is left to MPI, which may complete it
+        as late as in MPI_Finalize: its requests and buffers are kept until
+        the process ends (leftovers.py)."""
         if self.in_flight:
+            leftovers.keep(self)
             return
         requests = [self._bits_request, *self._payload_requests.values()]
         self._bits_request, self._payload_requests = None, {}

@@ -25,6 +25,8 @@ import collections
 import math
 import time
 
+from coordinator import leftovers
+
 
 def _ready(waitable):
     return waitable is None or waitable.ready()
@@ -107,9 +109,6 @@ class Executor:
         # Steps taken (a call finished and the next started) since the caller
         # last looked: a long collective makes progress long before it is done.
         self.steps = 0
-        # Operations given up on (a peer stopped answering): MPI may still
-        # write into their buffers, so they are kept until the process ends.
-        self._abandoned = []
 
     def __bool__(self):
         return bool(self._lanes)
@@ -206,9 +205,13 @@ class Executor:
         return min(heads, key=lambda op: op.started) if heads else None
 
     def abandon(self):
-        """Stops driving every operation and returns them; their requests are
-        never completed, and their buffers stay referenced."""
+        """Stops driving every operation and returns them. Their requests are
+        never completed, and MPI may still write into their buffers, even
+        as the process exits: the started ones are kept until it has
+        (leftovers.py)."""
         ops = self.in_flight()
         self._lanes.clear()
-        self._abandoned.extend(ops)
+        started = [op for op in ops if op.started is not None]
+        if started:
+            leftovers.keep(started)
         return ops
