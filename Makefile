@@ -16,7 +16,7 @@ STAMP2 := $(VENV2)/.installed
 NUMPY2_TESTS := tests/test_core_mpi.py tests/test_fusion.py tests/test_native.py \
 	tests/test_nan_mpi.py tests/test_riders_mpi.py tests/test_torch.py tests/test_torch_mpi.py \
 	tests/test_gpu_fallback.py tests/test_tensorflow_bridge.py tests/test_keras.py \
-	tests/test_leftovers_mpi.py
+	tests/test_leftovers_mpi.py tests/test_random_collectives_mpi.py
 
 # Open MPI refuses to start as root without these.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
