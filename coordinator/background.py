@@ -1318,7 +1318,8 @@ class Background:
         return Entry(name, resp.op, tensor=self.ops.zeros(resp, shape, info.dtype),
                      dtype_info=info, shape=shape, process_set_id=resp.process_set_id,
                      device=resp.device, reduce_op=resp.reduce_op, prescale=resp.prescale,
-                     postscale=resp.postscale, root_rank=resp.root_rank)
+                     postscale=resp.postscale, root_rank=resp.root_rank,
+                     group=spec.group, group_size=spec.group_size)
 
     def _store(self, entry, cache_id):
         """The cache id rank 0 gave this tensor; a global-set one also gets a

@@ -834,7 +834,8 @@ class Controller:
             resp.joined_ranks.extend(joined)
             for neg in ordered:
                 q = neg.representative()
-                resp.specs.add(name=neg.name, dtype=q.dtype, shape=list(q.shape))
+                resp.specs.add(name=neg.name, dtype=q.dtype, shape=list(q.shape),
+                               group=q.group, group_size=q.group_size)
         return Plan(resp, members, sum(neg.nbytes for neg in negs), [neg.name for neg in negs])
 
     def _p2p_plan(self, neg):

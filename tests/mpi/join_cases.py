@@ -102,3 +102,27 @@ def _close(actual, expected, what):
     tol = 0.02 if actual.dtype in (np.float16, BF16) else 1e-6
     np.testing.assert_allclose(actual.astype(np.float64), expected.astype(np.float64),
                                rtol=tol, atol=tol, err_msg=what)
+
+
+def case_grouped_allreduce_after_others_joined_keeps_every_ranks_cache_in_step(hvd):
+    """A grouped allreduce of new names that one rank runs while the others
+    have joined: every rank stores the same cache entries for its members
+    (the joined ones from their stand-ins, group included), so the cycles of
+    the next steps agree and reduce them again."""
+    n, me = hvd.size(), hvd.rank()
+    runner = n - 1
+    for i in range(2):  # "j.solo" is cached on every rank
+        assert_equal(hvd.allreduce(np.ones(3), op=hvd.Sum, name="j.solo"), np.full(3, n * 1.0))
+    if me == runner:
+        outs = hvd.grouped_allreduce([np.full(2, 1.0), np.full(3, 2.0)], op=hvd.Sum,
+                                     name="j.group")
+        assert_equal(outs[0], np.full(2, 1.0))
+        assert_equal(outs[1], np.full(3, 2.0))
+        assert_equal(hvd.allreduce(np.ones(3), op=hvd.Sum, name="j.solo"), np.ones(3))
+    assert hvd.join() == runner
+    for step in range(3):  # now in cycles, on every rank
+        outs = hvd.grouped_allreduce([np.full(2, me + 1.0), np.full(3, step + 0.0)],
+                                     op=hvd.Sum, name="j.group")
+        assert_equal(outs[0], np.full(2, sum(r + 1.0 for r in range(n))))
+        assert_equal(outs[1], np.full(3, n * step + 0.0))
+        assert_equal(hvd.allreduce(np.ones(3), op=hvd.Sum, name="j.solo"), np.full(3, n * 1.0))
