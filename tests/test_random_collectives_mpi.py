@@ -2,7 +2,8 @@
 submitted in a different order on each rank and checked against NumPy
 (tests/scripts/random_collectives.py), under settings that change how
 negotiation and fusion go: a response cache of two entries (eviction every
-step), none at all (every tensor through a round), no fusion, four ranks."""
+step), none at all (every tensor through a round), no fusion, four ranks.
+And uneven steps with join() (tests/scripts/random_join.py)."""
 
 import os
 
@@ -10,7 +11,7 @@ import pytest
 
 from mpi_harness import mpirun
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "random_collectives.py")
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 SETTINGS = {
     "defaults": (3, {}),
     "cache_of_two": (3, {"HOROVOD_CACHE_CAPACITY": "2"}),
@@ -23,10 +24,23 @@ SETTINGS = {
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_random_collectives_match_numpy_on_every_rank(setting):
     np_, env = SETTINGS[setting]
-    seed = sorted(SETTINGS).index(setting) + 1
-    steps = 40
-    run = mpirun([SCRIPT, str(seed), str(steps)], np_=np_, env=env, timeout=240)
+    _run_and_check("random_collectives.py", sorted(SETTINGS).index(setting) + 1, 40, np_, env)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_, env", [(2, {}), (3, {}), (3, {"HOROVOD_CACHE_CAPACITY": "2"})],
+                         ids=["2", "3", "3_cache_of_two"])
+def test_random_uneven_steps_with_join_match_numpy_on_every_rank(np_, env):
+    """Each rank runs its own number of steps and joins, round after round;
+    what the joined ranks stand in for is checked too (a grouped allreduce
+    of new names run while the others had joined stopped the job)."""
+    _run_and_check("random_join.py", np_ + len(env), 6, np_, env)
+
+
+def _run_and_check(script, seed, count, np_, env):
+    run = mpirun([os.path.join(SCRIPTS, script), str(seed), str(count)], np_=np_, env=env,
+                 timeout=240)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]
     assert sorted(line for line in out.splitlines() if line.startswith("OK ")) == [
-        f"OK {r} {steps}" for r in range(np_)], out[-4000:]
+        f"OK {r} {count}" for r in range(np_)], out[-4000:]

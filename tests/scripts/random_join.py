@@ -1,0 +1,98 @@
+"""Uneven data with join(), at random, checked against NumPy on every rank.
+
+In each of several rounds every rank runs its own random number of steps
+(as ranks with different amounts of data do) and then joins. A step is a few
+allreduces and grouped allreduces (Sum or Average) of random dtypes and
+shapes, drawn from a seed every rank shares and submitted in each rank's
+own random order, some with names used in earlier steps (cached) and some
+new. A rank that has joined takes part with zeros, and Average divides by
+the whole job, as in Horovod: so step s's result is the sum over the ranks
+still running at step s. join() returns the same last rank everywhere.
+Prints "OK <rank> <rounds>" at the end.
+
+Usage: mpirun -n N python random_join.py SEED ROUNDS
+"""
+
+import random
+import sys
+
+import numpy as np
+
+import coordinator as hvd
+
+SEED, ROUNDS = int(sys.argv[1]), int(sys.argv[2])
+DTYPES = (np.float32, np.float64, np.int32, np.int64, np.float16)
+
+hvd.init()
+ME, SIZE = hvd.rank(), hvd.size()
+
+
+def value(seed, rank, shape, dtype):
+    rng = np.random.default_rng([seed, rank])
+    return rng.integers(1, 4, size=shape).astype(dtype)
+
+
+def draw(rng, rnd, step, i):
+    kind = rng.choice(("allreduce", "allreduce", "grouped_allreduce"))
+    dtype = rng.choice(DTYPES)
+    op = rng.choice((hvd.Sum, hvd.Average)) if np.dtype(dtype).kind == "f" else hvd.Sum
+    # Reused names (cached after their first step) and fresh ones; a name's
+    # dtype, shape and op stay the same for the whole run.
+    fresh = rng.random() < 0.3
+    name = f"r{rnd}.s{step}.{i}" if fresh else f"kept.{i}.{kind}"
+    shape_rng = random.Random(f"{name}.{SEED}" if fresh else i * 31 + len(kind))
+    if not fresh:
+        dtype = DTYPES[shape_rng.randrange(len(DTYPES))]
+        op = hvd.Sum if np.dtype(dtype).kind != "f" or shape_rng.random() < 0.5 else hvd.Average
+    shape = tuple(shape_rng.randint(1, 4) for _ in range(shape_rng.randint(0, 2)))
+    return dict(name=name, kind=kind, dtype=dtype, op=op, shape=shape,
+                count=1 + (i % 2 if kind == "grouped_allreduce" else 0),
+                seed=rng.randrange(1 << 30))
+
+
+def submit(d, running):
+    """This rank's part of `d`, and the result expected: the sum over the
+    ranks still running (Average: divided by every rank)."""
+    tensors, expected = [], []
+    for k in range(d["count"]):
+        per_rank = {r: value(d["seed"] + k, r, d["shape"], d["dtype"]) for r in running}
+        total = sum(per_rank[r].astype(np.float64) for r in running)
+        if d["op"] is hvd.Average:
+            total = total / SIZE
+        tensors.append(per_rank[ME])
+        expected.append(np.asarray(total).astype(d["dtype"]))
+    if d["kind"] == "allreduce":
+        return hvd.allreduce_async(tensors[0], name=d["name"], op=d["op"]), expected
+    return hvd.grouped_allreduce_async(tensors, name=d["name"], op=d["op"]), expected
+
+
+def check(d, result, expected):
+    results = result if isinstance(result, list) else [result]
+    assert len(results) == len(expected), (d["name"], results, expected)
+    for got, want in zip(results, expected):
+        got = np.asarray(got)
+        assert got.dtype == want.dtype and got.shape == want.shape, (
+            d["name"], got.dtype, got.shape, want.dtype, want.shape)
+        tol = 2e-3 if got.dtype == np.float16 else 1e-6
+        assert np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol,
+                           atol=0), (d["name"], got, want)
+
+
+for rnd in range(ROUNDS):
+    shared = random.Random(SEED * 1_000_003 + rnd)
+    steps = {r: shared.randint(0, 6) for r in range(SIZE)}
+    last_to_join = {r for r in steps if steps[r] == max(steps.values())}
+    for step in range(steps[ME]):
+        running = [r for r in range(SIZE) if steps[r] > step]
+        step_rng = random.Random(SEED * 7919 + rnd * 101 + step)
+        drawn = [draw(step_rng, rnd, step, i) for i in range(step_rng.randint(1, 4))]
+        random.Random(SEED + rnd * 13 + step * 17 + ME).shuffle(drawn)
+        pending = [(d,) + submit(d, running) for d in drawn]
+        for d, handle, expected in pending:
+            check(d, hvd.synchronize(handle), expected)
+    last = hvd.join()
+    assert last in last_to_join, (rnd, last, steps)
+    everyone = hvd.allgather(np.array([last], np.int64), name=f"last.{rnd}")
+    assert (everyone == last).all(), (rnd, everyone)
+hvd.shutdown()
+print("OK", ME, ROUNDS, flush=True)
