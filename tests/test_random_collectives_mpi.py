@@ -2,8 +2,8 @@
 submitted in a different order on each rank and checked against NumPy
 (tests/scripts/random_collectives.py), under settings that change how
 negotiation and fusion go: a response cache of two entries (eviction every
-step), none at all (every tensor through a round), no fusion, four ranks.
-And uneven steps with join() (tests/scripts/random_join.py)."""
+step), none at all (every tensor through a round), no fusion, four ranks;
+with bad input now and then. And uneven steps with join() (tests/scripts/random_join.py)."""
 
 import os
 
@@ -17,6 +17,10 @@ SETTINGS = {
     "cache_of_two": (3, {"HOROVOD_CACHE_CAPACITY": "2"}),
     "no_cache": (3, {"HOROVOD_CACHE_CAPACITY": "0"}),
     "no_fusion_four_ranks": (4, {"HOROVOD_FUSION_THRESHOLD": "0"}),
+    # one operation in seven with bad input on one member: mismatched or
+    # refused, it fails on every member, and everything else goes on
+    "bad_input": (3, {"BAD_INPUT": "0.15"}),
+    "bad_input_cache_of_two": (3, {"BAD_INPUT": "0.15", "HOROVOD_CACHE_CAPACITY": "2"}),
 }
 
 

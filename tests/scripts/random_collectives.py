@@ -9,9 +9,18 @@ every result against the same computation in NumPy. A wrong value, a lost
 handle or a hang is a failure; so is an error at exit (the process's exit
 status). Prints "OK <rank> <steps>" at the end.
 
+With BAD_INPUT (a probability), an operation may get bad input on one of
+its members: a shape or dtype the others do not send (every member gets a
+TensorMismatchError naming the tensor), or input that rank refuses (an
+unsupported dtype, an invalid root, bad splits: a ValueError there, at once,
+and on every other member a HorovodInternalError saying that rank rejected
+it). The step's other operations, and the next steps, go on as if nothing
+had happened.
+
 Usage: mpirun -n N python random_collectives.py SEED STEPS (N >= 3)
 """
 
+import os
 import random
 import sys
 
@@ -21,6 +30,7 @@ from mpi4py import MPI
 import coordinator as hvd
 
 SEED, STEPS = int(sys.argv[1]), int(sys.argv[2])
+BAD_INPUT = float(os.environ.get("BAD_INPUT", "0"))
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
          "alltoall", "reducescatter", "grouped_reducescatter")
 REDUCTIONS = (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product)
@@ -49,11 +59,14 @@ def draw(rng, step, i):
     op = rng.choice(REDUCTIONS)
     if op is hvd.Average and np.dtype(dtype).kind != "f":
         op = hvd.Sum
+    bad = None
+    if rng.random() < BAD_INPUT:
+        bad = (rng.choice(("mismatch", "refuse")), rng.choice(members))
     return dict(name=f"s{step}.{i}.{kind}", kind=kind, set=set_name, members=members,
                 dtype=dtype, inner=inner, op=op, count=rng.randint(1, 3),
                 rows={r: rng.randint(0, 4) for r in members},
                 root=rng.choice(members), seed=rng.randrange(1 << 30),
-                splits={r: [rng.randint(0, 3) for _ in members] for r in members})
+                splits={r: [rng.randint(0, 3) for _ in members] for r in members}, bad=bad)
 
 
 def reduce(op, arrays, dtype):
@@ -69,8 +82,31 @@ def reduce(op, arrays, dtype):
     return stack.prod(axis=0, dtype=dtype)
 
 
+def spoil(d, tensor):
+    """This rank's tensor, spoiled where `d` is bad on this rank."""
+    how, rank = d["bad"] or (None, None)
+    if rank != ME:
+        return tensor
+    if how == "refuse":
+        if d["kind"] in ("broadcast", "alltoall"):
+            return tensor  # refused by its root or splits instead (submit)
+        return np.full(tensor.shape, "x")  # a dtype no collective takes
+    if d["kind"] == "alltoall":
+        other = np.float32 if tensor.dtype != np.float32 else np.float64
+        return tensor.astype(other)
+    return tensor.reshape(tensor.shape + (1,))  # a shape (or rank) the others do not send
+
+
 def submit(d):
-    """Starts this rank's part of `d`; returns (handle, expected result)."""
+    """Starts this rank's part of `d`; returns (handle, expected result), or
+    (None, the ValueError) where this rank refuses its input."""
+    try:
+        return _submit(d)
+    except ValueError as exc:
+        return None, exc
+
+
+def _submit(d):
     members, dtype, inner, ps = d["members"], d["dtype"], d["inner"], SETS[d["set"]]
     me_in = members.index(ME)
     kind, n = d["kind"], d["count"]
@@ -78,7 +114,7 @@ def submit(d):
         shape = (d["rows"][members[0]] + 1,) + inner
         ts = [[value(d["seed"] + k, r, shape, dtype) for r in members] for k in range(n)]
         expected = [reduce(d["op"], t, dtype) for t in ts]
-        mine = [t[me_in] for t in ts]
+        mine = [spoil(d, t[me_in]) for t in ts]
         if kind == "allreduce":
             return hvd.allreduce_async(mine[0], name=d["name"], op=d["op"],
                                        process_set=ps), expected[:1]
@@ -88,15 +124,16 @@ def submit(d):
         ts = [[value(d["seed"] + k, r, (d["rows"][r],) + inner, dtype) for r in members]
               for k in range(n)]
         expected = [np.concatenate(t) for t in ts]
-        mine = [t[me_in] for t in ts]
+        mine = [spoil(d, t[me_in]) for t in ts]
         if kind == "allgather":
             return hvd.allgather_async(mine[0], name=d["name"], process_set=ps), expected[:1]
         return hvd.grouped_allgather_async(mine, name=d["name"], process_set=ps), expected
     if kind == "broadcast":
         shape = (d["rows"][members[0]] + 1,) + inner
         root = value(d["seed"], d["root"], shape, dtype)
-        mine = root if ME == d["root"] else np.zeros(shape, dtype)
-        return hvd.broadcast_async(mine, root_rank=d["root"], name=d["name"],
+        mine = spoil(d, root if ME == d["root"] else np.zeros(shape, dtype))
+        root_rank = SIZE + 5 if d["bad"] == ("refuse", ME) else d["root"]
+        return hvd.broadcast_async(mine, root_rank=root_rank, name=d["name"],
                                    process_set=ps), [root]
     if kind == "alltoall":
         splits = d["splits"]
@@ -106,7 +143,10 @@ def submit(d):
             start = sum(splits[r][:me_in])
             pieces.append(sent[r][start:start + splits[r][me_in]])
         expected = (np.concatenate(pieces), [splits[r][me_in] for r in members])
-        return hvd.alltoall_async(sent[ME], splits=splits[ME], name=d["name"],
+        my_splits = list(splits[ME])
+        if d["bad"] == ("refuse", ME):
+            my_splits[0] += sent[ME].shape[0] + 1  # more rows than it has
+        return hvd.alltoall_async(spoil(d, sent[ME]), splits=my_splits, name=d["name"],
                                   process_set=ps), expected
     # reducescatter: rank i of the set gets its share of the rows
     rows = d["rows"][members[0]] + len(members)
@@ -115,7 +155,7 @@ def submit(d):
     start = me_in * base + min(me_in, extra)
     count = base + (1 if me_in < extra else 0)
     expected = [reduce(d["op"], t, dtype)[start:start + count] for t in ts]
-    mine = [t[me_in] for t in ts]
+    mine = [spoil(d, t[me_in]) for t in ts]
     if d["op"] not in (hvd.Sum, hvd.Average):
         d["op"] = hvd.Sum
         expected = [reduce(hvd.Sum, t, dtype)[start:start + count] for t in ts]
@@ -148,6 +188,26 @@ def check(d, result, expected):
             assert np.array_equal(got, want), (d["name"], got, want)
 
 
+def check_failed(d, handle, refused):
+    """`d` had bad input on one member: every member fails, naming it."""
+    how, rank = d["bad"]
+    if how == "refuse" and rank == ME:
+        assert handle is None and isinstance(refused, ValueError), (d["name"], handle, refused)
+        return
+    assert handle is not None, (d["name"], refused)
+    try:
+        hvd.synchronize(handle)
+    except hvd.HorovodInternalError as exc:
+        text = str(exc)
+        if how == "mismatch":
+            assert isinstance(exc, hvd.TensorMismatchError), (d["name"], text)
+        else:
+            assert f"rank {rank} rejected" in text, (d["name"], text)
+        assert d["name"] in text, (d["name"], text)
+    else:
+        raise AssertionError(f"{d['name']}: bad input on rank {rank} ({how}), yet it ran")
+
+
 for step in range(STEPS):
     shared = random.Random(SEED * 1_000_003 + step)
     drawn = [draw(shared, step, i) for i in range(shared.randint(1, 6))]
@@ -155,7 +215,11 @@ for step in range(STEPS):
     random.Random(SEED * 7919 + step * 31 + ME).shuffle(mine)
     pending = [(d,) + submit(d) for d in mine]
     for d, handle, expected in pending:
-        check(d, hvd.synchronize(handle), expected)
+        if d["bad"] is None:
+            assert handle is not None, (d["name"], expected)
+            check(d, hvd.synchronize(handle), expected)
+        else:
+            check_failed(d, handle, expected)
 hvd.barrier()
 hvd.shutdown()
 print("OK", ME, STEPS, flush=True)
