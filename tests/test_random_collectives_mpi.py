@@ -3,7 +3,7 @@ submitted in a different order on each rank and checked against NumPy
 (tests/scripts/random_collectives.py), under settings that change how
 negotiation and fusion go: a response cache of two entries (eviction every
 step), none at all (every tensor through a round), no fusion, four ranks;
-with bad input now and then. And uneven steps with join() (tests/scripts/random_join.py)."""
+with bad input now and then; with process sets added and removed. And uneven steps with join() (tests/scripts/random_join.py)."""
 
 import os
 
@@ -21,6 +21,9 @@ SETTINGS = {
     # refused, it fails on every member, and everything else goes on
     "bad_input": (3, {"BAD_INPUT": "0.15"}),
     "bad_input_cache_of_two": (3, {"BAD_INPUT": "0.15", "HOROVOD_CACHE_CAPACITY": "2"}),
+    # sets added and removed while steps run on others
+    "dynamic_sets_four_ranks": (4, {"DYNAMIC_SETS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1",
+                                    "BAD_INPUT": "0.1"}),
 }
 
 

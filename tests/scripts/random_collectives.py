@@ -17,6 +17,10 @@ and on every other member a HorovodInternalError saying that rank rejected
 it). The step's other operations, and the next steps, go on as if nothing
 had happened.
 
+With DYNAMIC_SETS=1 (and HOROVOD_DYNAMIC_PROCESS_SETS=1), steps also add
+process sets of random ranks and remove them, while that step's operations
+are in flight; later steps use the sets added.
+
 Usage: mpirun -n N python random_collectives.py SEED STEPS (N >= 3)
 """
 
@@ -31,6 +35,7 @@ import coordinator as hvd
 
 SEED, STEPS = int(sys.argv[1]), int(sys.argv[2])
 BAD_INPUT = float(os.environ.get("BAD_INPUT", "0"))
+DYNAMIC_SETS = os.environ.get("DYNAMIC_SETS") == "1"
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
          "alltoall", "reducescatter", "grouped_reducescatter")
 REDUCTIONS = (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product)
@@ -52,7 +57,7 @@ def value(rng_seed, rank, shape, dtype):
 
 def draw(rng, step, i):
     kind = rng.choice(KINDS)
-    set_name = rng.choice(("global", "global", "pair", "tail"))
+    set_name = rng.choice(["global"] + sorted(SETS))
     members = SETS[set_name].ranks
     dtype = rng.choice(DTYPES)
     inner = tuple(rng.randint(1, 5) for _ in range(rng.randint(0, 2)))
@@ -208,12 +213,27 @@ def check_failed(d, handle, refused):
         raise AssertionError(f"{d['name']}: bad input on rank {rank} ({how}), yet it ran")
 
 
+def change_sets(rng, step, drawn):
+    """Adds a set of random ranks, or removes one this step does not use
+    (every rank, in the same order), while the step's operations run."""
+    used = {d["set"] for d in drawn}
+    removable = sorted(n for n in SETS if n.startswith("dyn") and n not in used)
+    if removable and rng.random() < 0.3:
+        assert hvd.remove_process_set(SETS.pop(rng.choice(removable)))
+    elif rng.random() < 0.3:
+        ranks = sorted(rng.sample(range(SIZE), rng.randint(2, SIZE - 1)))
+        if all(ps.ranks != ranks for ps in SETS.values()):
+            SETS[f"dyn{step}"] = hvd.add_process_set(ranks)
+
+
 for step in range(STEPS):
     shared = random.Random(SEED * 1_000_003 + step)
     drawn = [draw(shared, step, i) for i in range(shared.randint(1, 6))]
     mine = [d for d in drawn if ME in d["members"]]
     random.Random(SEED * 7919 + step * 31 + ME).shuffle(mine)
     pending = [(d,) + submit(d) for d in mine]
+    if DYNAMIC_SETS:
+        change_sets(shared, step, drawn)
     for d, handle, expected in pending:
         if d["bad"] is None:
             assert handle is not None, (d["name"], expected)
