@@ -51,3 +51,30 @@ def _run_and_check(script, seed, count, np_, env):
     assert run.returncode == 0, out[-4000:]
     assert sorted(line for line in out.splitlines() if line.startswith("OK ")) == [
         f"OK {r} {count}" for r in range(np_)], out[-4000:]
+
+
+STOP_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "5"}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("victim, step, submitted", [(1, 5, 1), (0, 3, 2)],
+                         ids=["a_worker", "the_coordinator"])
+def test_a_rank_stopped_half_way_through_a_random_step_is_named_on_every_rank(
+        victim, step, submitted):
+    """SIGSTOP after it submitted part of a step (some of it in process sets
+    it is not in), continued 6 s later: every other rank fails naming it, it
+    fails too once continued, and the job ends instead of hanging."""
+    np_ = 3
+    run = mpirun([os.path.join(SCRIPTS, "random_collectives.py"), "7", "20"], np_=np_,
+                 env=dict(STOP_ENV, STOP=f"{victim},{step},{submitted},6", BAD_INPUT="0.1"),
+                 timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    assert f"RANK {victim}: stopping" in out, out[-4000:]
+    assert not [line for line in out.splitlines() if line.startswith("OK ")], out[-4000:]
+    for rank in range(np_):
+        said = [line for line in out.splitlines()
+                if line.startswith(f"RANK {rank}: ") and "Error: " in line]
+        assert len(said) == 1, (rank, out[-4000:])
+        if rank != victim:
+            assert f"rank {victim}" in said[0], said

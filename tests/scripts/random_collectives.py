@@ -21,12 +21,21 @@ With DYNAMIC_SETS=1 (and HOROVOD_DYNAMIC_PROCESS_SETS=1), steps also add
 process sets of random ranks and remove them, while that step's operations
 are in flight; later steps use the sets added.
 
+With STOP=RANK,STEP,K,RESUME that rank stops (SIGSTOP) after submitting K
+of its operations of step STEP, and is continued RESUME seconds later. Every
+rank then prints what stopped it, `RANK r: <ExceptionType>: <message>`
+(run with short stall times), stays until the stopped rank has had its say,
+and shuts down.
+
 Usage: mpirun -n N python random_collectives.py SEED STEPS (N >= 3)
 """
 
 import os
 import random
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -36,6 +45,7 @@ import coordinator as hvd
 SEED, STEPS = int(sys.argv[1]), int(sys.argv[2])
 BAD_INPUT = float(os.environ.get("BAD_INPUT", "0"))
 DYNAMIC_SETS = os.environ.get("DYNAMIC_SETS") == "1"
+STOP = [float(x) for x in os.environ["STOP"].split(",")] if os.environ.get("STOP") else None
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
          "alltoall", "reducescatter", "grouped_reducescatter")
 REDUCTIONS = (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product)
@@ -202,6 +212,8 @@ def check_failed(d, handle, refused):
     assert handle is not None, (d["name"], refused)
     try:
         hvd.synchronize(handle)
+    except (hvd.StallError, hvd.RankFailedError):
+        raise  # not about the bad input: the job stops (STOP)
     except hvd.HorovodInternalError as exc:
         text = str(exc)
         if how == "mismatch":
@@ -226,12 +238,25 @@ def change_sets(rng, step, drawn):
             SETS[f"dyn{step}"] = hvd.add_process_set(ranks)
 
 
-for step in range(STEPS):
+def stop_here(resume):
+    """Stops this process now; a child continues it `resume` seconds later."""
+    subprocess.Popen(["sh", "-c", f"sleep {resume}; kill -CONT {os.getpid()}"])
+    print(f"RANK {ME}: stopping", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def run_step(step):
     shared = random.Random(SEED * 1_000_003 + step)
     drawn = [draw(shared, step, i) for i in range(shared.randint(1, 6))]
     mine = [d for d in drawn if ME in d["members"]]
     random.Random(SEED * 7919 + step * 31 + ME).shuffle(mine)
-    pending = [(d,) + submit(d) for d in mine]
+    pending = []
+    for d in mine:
+        if STOP and (ME, step, len(pending)) == tuple(int(x) for x in STOP[:3]):
+            stop_here(STOP[3])
+        pending.append((d,) + submit(d))
+    if STOP and (ME, step) == tuple(int(x) for x in STOP[:2]) and STOP[2] >= len(pending):
+        stop_here(STOP[3])
     if DYNAMIC_SETS:
         change_sets(shared, step, drawn)
     for d, handle, expected in pending:
@@ -240,6 +265,19 @@ for step in range(STEPS):
             check(d, hvd.synchronize(handle), expected)
         else:
             check_failed(d, handle, expected)
-hvd.barrier()
+
+
+try:
+    for step in range(STEPS):
+        run_step(step)
+    hvd.barrier()
+except hvd.HorovodInternalError as exc:
+    if not STOP:
+        raise
+    print(f"RANK {ME}: {type(exc).__name__}: {exc}", flush=True)
+    if ME != int(STOP[0]):
+        time.sleep(STOP[3] + 4)  # the stopped rank, once continued, has its say
+    hvd.shutdown()
+    sys.exit(0)
 hvd.shutdown()
 print("OK", ME, STEPS, flush=True)
