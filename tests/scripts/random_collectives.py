@@ -3,7 +3,9 @@
 Each step draws, from a seed every rank shares, a few operations (allreduce
 with every reduction, allgather, broadcast, alltoall, reducescatter, their
 grouped forms) with random dtypes and shapes, some on the global set, some
-on a process set of two ranks, some on one of the last two ranks; each rank
+on a process set of two ranks, some on one of the last two ranks (with
+REUSE, a probability, some under names used step after step, as gradients
+are, so that they are cached; the others under new names); each rank
 then submits its share in its own random order, asynchronously, and checks
 every result against the same computation in NumPy. A wrong value, a lost
 handle or a hang is a failure; so is an error at exit (the process's exit
@@ -45,6 +47,7 @@ import coordinator as hvd
 SEED, STEPS = int(sys.argv[1]), int(sys.argv[2])
 BAD_INPUT = float(os.environ.get("BAD_INPUT", "0"))
 DYNAMIC_SETS = os.environ.get("DYNAMIC_SETS") == "1"
+REUSE = float(os.environ.get("REUSE", "0"))
 STOP = [float(x) for x in os.environ["STOP"].split(",")] if os.environ.get("STOP") else None
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
          "alltoall", "reducescatter", "grouped_reducescatter")
@@ -74,11 +77,24 @@ def draw(rng, step, i):
     op = rng.choice(REDUCTIONS)
     if op is hvd.Average and np.dtype(dtype).kind != "f":
         op = hvd.Sum
+    count = rng.randint(1, 3)
+    name = f"s{step}.{i}.{kind}"
+    if rng.random() < REUSE:
+        # A name used step after step, as a gradient's is (cached): its dtype,
+        # shape past the first dimension, reduction and group size stay.
+        name = f"kept.{set_name}.{kind}.{i}"
+        stable = random.Random(name)
+        dtype = stable.choice(DTYPES)
+        inner = tuple(stable.randint(1, 5) for _ in range(stable.randint(0, 2)))
+        op = stable.choice(REDUCTIONS)
+        if op is hvd.Average and np.dtype(dtype).kind != "f":
+            op = hvd.Sum
+        count = stable.randint(1, 3)
     bad = None
     if rng.random() < BAD_INPUT:
         bad = (rng.choice(("mismatch", "refuse")), rng.choice(members))
-    return dict(name=f"s{step}.{i}.{kind}", kind=kind, set=set_name, members=members,
-                dtype=dtype, inner=inner, op=op, count=rng.randint(1, 3),
+    return dict(name=name, kind=kind, set=set_name, members=members,
+                dtype=dtype, inner=inner, op=op, count=count,
                 rows={r: rng.randint(0, 4) for r in members},
                 root=rng.choice(members), seed=rng.randrange(1 << 30),
                 splits={r: [rng.randint(0, 3) for _ in members] for r in members}, bad=bad)
