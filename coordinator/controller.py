@@ -386,13 +386,18 @@ class Controller:
 
     def waits_on_cycles(self):
         """Whether a global-set negotiation waits for ranks while its tensor
-        is cached under the same description. Those ranks may hold it in the
-        negotiation cycle: ranks take a cached tensor for the cycle or for a
-        round by the parameters they hold at that moment, so when cycles are
-        switched back on (the timeline stopped, every rank joined), a rank
-        that took it just before the switch describes it in a round and a
-        rank that took it just after sets its cycle bit, and neither path
-        can complete. A report round brings the cycle's copies here.
+        is cached. Those ranks may hold it in the negotiation cycle: ranks
+        take a cached tensor for the cycle or for a round by the parameters
+        they hold at that moment, so when cycles are switched back on (the
+        timeline stopped, every rank joined), a rank that took it just
+        before the switch describes it in a round and a rank that took it
+        just after sets its cycle bit, and neither path can complete. And a
+        rank that submits it with another description (a shape, dtype or
+        reduction that changed on that rank alone) describes it in a round
+        while the others set their bits for the cached one: without a
+        report, the mismatch waited for the stall check's report (30 s by
+        default; for ever with stall checks off), instead of failing at
+        once. A report round brings the cycle's copies here.
 
         So too for a group's members; and for a group that every rank has
         split, describing some members here and holding the others in the

@@ -87,10 +87,10 @@ class CoordinatorCache:
         return cache_id
 
     def holds(self, process_set_id, req):
-        """Whether `req` is cached under its name with the same description
-        (without assigning an id or marking it used)."""
-        cache_id = self._by_name.get((process_set_id, req.name))
-        return cache_id is not None and self._by_id[cache_id][0] == signature_of(req)
+        """Whether a tensor of `req`'s name is cached, with `req`'s
+        description or another (without assigning an id or marking it
+        used)."""
+        return (process_set_id, req.name) in self._by_name
 
     def _drop(self, cache_id):
         _, _, key = self._by_id.pop(cache_id)

@@ -26,3 +26,13 @@ SETS = CaseResults("tests/mpi/set_refusal_cases.py", case_timeout=40)
 def test_refusals_in_a_process_set(case):
     SETS.check(case, 3)
 
+
+CACHED = CaseResults("tests/mpi/cached_mismatch_cases.py",
+                     env={"HOROVOD_STALL_CHECK_DISABLE": "1"}, case_timeout=40)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", case_names("tests/mpi/cached_mismatch_cases.py"))
+def test_a_cached_tensor_changed_on_one_rank(case, np_):
+    CACHED.check(case, np_)
