@@ -21,6 +21,9 @@ SETTINGS = {
     # refused, it fails on every member, and everything else goes on
     "bad_input": (3, {"BAD_INPUT": "0.15"}),
     "bad_input_cache_of_two": (3, {"BAD_INPUT": "0.15", "HOROVOD_CACHE_CAPACITY": "2"}),
+    # names reused step after step (cached), bad input often: a cached
+    # tensor changed on one rank waited 30 s for its error (417dee0)
+    "bad_input_reused_names": (3, {"BAD_INPUT": "0.3", "REUSE": "0.9"}),
     # sets added and removed while steps run on others
     "dynamic_sets_four_ranks": (4, {"DYNAMIC_SETS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1",
                                     "BAD_INPUT": "0.1"}),
