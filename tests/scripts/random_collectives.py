@@ -68,28 +68,28 @@ def value(rng_seed, rank, shape, dtype):
     return rng.integers(1, 3, size=shape).astype(dtype)
 
 
-def draw(rng, step, i):
-    kind = rng.choice(KINDS)
-    set_name = rng.choice(["global"] + sorted(SETS))
-    members = SETS[set_name].ranks
+def describe(rng):
+    """A tensor's dtype, shape past the first dimension, reduction and group
+    size."""
     dtype = rng.choice(DTYPES)
     inner = tuple(rng.randint(1, 5) for _ in range(rng.randint(0, 2)))
     op = rng.choice(REDUCTIONS)
     if op is hvd.Average and np.dtype(dtype).kind != "f":
         op = hvd.Sum
-    count = rng.randint(1, 3)
+    return dtype, inner, op, rng.randint(1, 3)
+
+
+def draw(rng, step, i):
+    kind = rng.choice(KINDS)
+    set_name = rng.choice(["global"] + sorted(SETS))
+    members = SETS[set_name].ranks
+    dtype, inner, op, count = describe(rng)
     name = f"s{step}.{i}.{kind}"
     if rng.random() < REUSE:
-        # A name used step after step, as a gradient's is (cached): its dtype,
-        # shape past the first dimension, reduction and group size stay.
+        # A name used step after step, as a gradient's is (cached): its
+        # description stays.
         name = f"kept.{set_name}.{kind}.{i}"
-        stable = random.Random(name)
-        dtype = stable.choice(DTYPES)
-        inner = tuple(stable.randint(1, 5) for _ in range(stable.randint(0, 2)))
-        op = stable.choice(REDUCTIONS)
-        if op is hvd.Average and np.dtype(dtype).kind != "f":
-            op = hvd.Sum
-        count = stable.randint(1, 3)
+        dtype, inner, op, count = describe(random.Random(name))
     bad = None
     if rng.random() < BAD_INPUT:
         bad = (rng.choice(("mismatch", "refuse")), rng.choice(members))
