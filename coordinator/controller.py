@@ -412,7 +412,7 @@ class Controller:
             if neg.process_set_id != 0:
                 continue
             req = neg.representative()
-            if req.op in CACHEABLE and self.cache.holds(0, req):
+            if req.op in CACHEABLE and self.cache.holds(0, req.name):
                 return True
         # (Each rank describes the members it takes for rounds at once.)
         if not self._groups:

@@ -36,7 +36,3 @@ def keep(obj):
     """Keeps `obj` (and what it references) alive until the process ends."""
     _KEPT.append(obj)
 
-
-def kept():
-    """What has been kept so far, oldest first."""
-    return list(_KEPT)

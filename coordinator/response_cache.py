@@ -86,11 +86,10 @@ class CoordinatorCache:
             self._drop(next(iter(self._by_id)))
         return cache_id
 
-    def holds(self, process_set_id, req):
-        """Whether a tensor of `req`'s name is cached, with `req`'s
-        description or another (without assigning an id or marking it
-        used)."""
-        return (process_set_id, req.name) in self._by_name
+    def holds(self, process_set_id, name):
+        """Whether a tensor of that name is cached, under whatever
+        description (without assigning an id or marking it used)."""
+        return (process_set_id, name) in self._by_name
 
     def _drop(self, cache_id):
         _, _, key = self._by_id.pop(cache_id)
