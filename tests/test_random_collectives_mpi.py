@@ -3,7 +3,8 @@ submitted in a different order on each rank and checked against NumPy
 (tests/scripts/random_collectives.py), under settings that change how
 negotiation and fusion go: a response cache of two entries (eviction every
 step), none at all (every tensor through a round), no fusion, four ranks;
-with bad input now and then; with process sets added and removed. And uneven steps with join() (tests/scripts/random_join.py)."""
+with bad input now and then; with process sets added and removed; with
+scale factors. And uneven steps with join() (tests/scripts/random_join.py)."""
 
 import os
 
@@ -27,6 +28,10 @@ SETTINGS = {
     # sets added and removed while steps run on others
     "dynamic_sets_four_ranks": (4, {"DYNAMIC_SETS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1",
                                     "BAD_INPUT": "0.1"}),
+    # prescale and postscale factors, integer averages (rounded toward
+    # zero, dividing last), also on cached names that ride in the cycle
+    "scales": (3, {"SCALES": "0.5"}),
+    "scales_reused_names_four_ranks": (4, {"SCALES": "0.5", "REUSE": "0.8"}),
 }
 
 

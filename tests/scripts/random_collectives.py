@@ -23,6 +23,12 @@ With DYNAMIC_SETS=1 (and HOROVOD_DYNAMIC_PROCESS_SETS=1), steps also add
 process sets of random ranks and remove them, while that step's operations
 are in flight; later steps use the sets added.
 
+With SCALES (a probability), an allreduce or reducescatter may get a
+prescale and a postscale factor (0.5, 2, 3), and integer tensors may be
+averaged: integers are scaled in float64 and rounded toward zero, the
+average dividing last (coordinator/fusion.py scale_inplace), float16 and
+bfloat16 in float32; the expected result follows the same rule.
+
 With STOP=RANK,STEP,K,RESUME that rank stops (SIGSTOP) after submitting K
 of its operations of step STEP, and is continued RESUME seconds later. Every
 rank then prints what stopped it, `RANK r: <ExceptionType>: <message>`
@@ -48,6 +54,7 @@ SEED, STEPS = int(sys.argv[1]), int(sys.argv[2])
 BAD_INPUT = float(os.environ.get("BAD_INPUT", "0"))
 DYNAMIC_SETS = os.environ.get("DYNAMIC_SETS") == "1"
 REUSE = float(os.environ.get("REUSE", "0"))
+SCALES = float(os.environ.get("SCALES", "0"))
 STOP = [float(x) for x in os.environ["STOP"].split(",")] if os.environ.get("STOP") else None
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
          "alltoall", "reducescatter", "grouped_reducescatter")
@@ -69,48 +76,72 @@ def value(rng_seed, rank, shape, dtype):
 
 
 def describe(rng):
-    """A tensor's dtype, shape past the first dimension, reduction and group
-    size."""
+    """A tensor's dtype, shape past the first dimension, reduction, group
+    size, and (prescale, postscale) factors."""
     dtype = rng.choice(DTYPES)
     inner = tuple(rng.randint(1, 5) for _ in range(rng.randint(0, 2)))
     op = rng.choice(REDUCTIONS)
-    if op is hvd.Average and np.dtype(dtype).kind != "f":
+    scales = (1.0, 1.0)
+    if SCALES and rng.random() < SCALES:
+        # Product's factors stay small enough for int8 (4 ranks: 2 ** 4)
+        pre = rng.choice((0.5, 1.0) if op is hvd.Product else (0.5, 1.0, 2.0))
+        scales = (pre, rng.choice((0.5, 1.0, 2.0, 3.0)))
+    elif op is hvd.Average and np.dtype(dtype).kind != "f":
         op = hvd.Sum
-    return dtype, inner, op, rng.randint(1, 3)
+    return dtype, inner, op, rng.randint(1, 3), scales
 
 
 def draw(rng, step, i):
     kind = rng.choice(KINDS)
     set_name = rng.choice(["global"] + sorted(SETS))
     members = SETS[set_name].ranks
-    dtype, inner, op, count = describe(rng)
+    dtype, inner, op, count, scales = describe(rng)
     name = f"s{step}.{i}.{kind}"
     if rng.random() < REUSE:
         # A name used step after step, as a gradient's is (cached): its
         # description stays.
         name = f"kept.{set_name}.{kind}.{i}"
-        dtype, inner, op, count = describe(random.Random(name))
+        dtype, inner, op, count, scales = describe(random.Random(name))
     bad = None
     if rng.random() < BAD_INPUT:
         bad = (rng.choice(("mismatch", "refuse")), rng.choice(members))
     return dict(name=name, kind=kind, set=set_name, members=members,
-                dtype=dtype, inner=inner, op=op, count=count,
+                dtype=dtype, inner=inner, op=op, count=count, scales=scales,
                 rows={r: rng.randint(0, 4) for r in members},
                 root=rng.choice(members), seed=rng.randrange(1 << 30),
                 splits={r: [rng.randint(0, 3) for _ in members] for r in members}, bad=bad)
 
 
-def reduce(op, arrays, dtype):
-    stack = np.stack(arrays)
-    if op is hvd.Sum:
-        return stack.sum(axis=0, dtype=dtype)
+def scaled(array, factor, divisor=1):
+    """array * factor / divisor by the core's rule: integers in float64,
+    dividing last, rounded toward zero; float16 in float32."""
+    if factor == 1.0 and divisor == 1:
+        return array
+    if array.dtype.kind != "f":
+        return (array.astype(np.float64) * factor / divisor).astype(array.dtype)
+    if array.dtype == np.float16:
+        return (array.astype(np.float32) * np.float32(factor / divisor)).astype(np.float16)
+    return array * array.dtype.type(factor / divisor)
+
+
+def reduce(op, arrays, dtype, scales=(1.0, 1.0)):
+    pre, post = scales
+    stack = np.stack([scaled(a, pre) for a in arrays])
+    if op is hvd.Average and np.dtype(dtype).kind != "f":
+        return scaled(stack.sum(axis=0, dtype=dtype), post, len(arrays))
     if op is hvd.Average:
-        return (stack.astype(np.float64).sum(axis=0) / len(arrays)).astype(dtype)
-    if op is hvd.Min:
-        return stack.min(axis=0)
-    if op is hvd.Max:
-        return stack.max(axis=0)
-    return stack.prod(axis=0, dtype=dtype)
+        if (pre, post) == (1.0, 1.0):
+            return (stack.astype(np.float64).sum(axis=0) / len(arrays)).astype(dtype)
+        return scaled(stack.sum(axis=0, dtype=dtype), post, len(arrays))
+    if op is hvd.Sum:
+        result = stack.sum(axis=0, dtype=dtype)
+    elif op is hvd.Min:
+        result = stack.min(axis=0)
+    elif op is hvd.Max:
+        result = stack.max(axis=0)
+    else:
+        result = stack.prod(axis=0, dtype=dtype)
+    return scaled(result, post)
 
 
 def spoil(d, tensor):
@@ -144,13 +175,14 @@ def _submit(d):
     if kind in ("allreduce", "grouped_allreduce"):
         shape = (d["rows"][members[0]] + 1,) + inner
         ts = [[value(d["seed"] + k, r, shape, dtype) for r in members] for k in range(n)]
-        expected = [reduce(d["op"], t, dtype) for t in ts]
+        expected = [reduce(d["op"], t, dtype, d["scales"]) for t in ts]
         mine = [spoil(d, t[me_in]) for t in ts]
+        scales = dict(prescale_factor=d["scales"][0], postscale_factor=d["scales"][1])
         if kind == "allreduce":
             return hvd.allreduce_async(mine[0], name=d["name"], op=d["op"],
-                                       process_set=ps), expected[:1]
+                                       process_set=ps, **scales), expected[:1]
         return hvd.grouped_allreduce_async(mine, name=d["name"], op=d["op"],
-                                           process_set=ps), expected
+                                           process_set=ps, **scales), expected
     if kind in ("allgather", "grouped_allgather"):
         ts = [[value(d["seed"] + k, r, (d["rows"][r],) + inner, dtype) for r in members]
               for k in range(n)]
@@ -185,16 +217,16 @@ def _submit(d):
     base, extra = divmod(rows, len(members))
     start = me_in * base + min(me_in, extra)
     count = base + (1 if me_in < extra else 0)
-    expected = [reduce(d["op"], t, dtype)[start:start + count] for t in ts]
-    mine = [spoil(d, t[me_in]) for t in ts]
     if d["op"] not in (hvd.Sum, hvd.Average):
         d["op"] = hvd.Sum
-        expected = [reduce(hvd.Sum, t, dtype)[start:start + count] for t in ts]
+    expected = [reduce(d["op"], t, dtype, d["scales"])[start:start + count] for t in ts]
+    mine = [spoil(d, t[me_in]) for t in ts]
+    scales = dict(prescale_factor=d["scales"][0], postscale_factor=d["scales"][1])
     if kind == "reducescatter":
         return hvd.reducescatter_async(mine[0], op=d["op"], name=d["name"],
-                                       process_set=ps), expected[:1]
+                                       process_set=ps, **scales), expected[:1]
     return hvd.grouped_reducescatter_async(mine, op=d["op"], name=d["name"],
-                                           process_set=ps), expected
+                                           process_set=ps, **scales), expected
 
 
 def check(d, result, expected):
@@ -210,8 +242,9 @@ def check(d, result, expected):
         got = np.asarray(got)
         assert got.dtype == want.dtype and got.shape == want.shape, (
             d["name"], got.dtype, got.shape, want.dtype, want.shape)
-        if d["op"] is hvd.Average and d["kind"] not in ("allgather", "grouped_allgather",
-                                                         "broadcast", "alltoall"):
+        if (d["op"] is hvd.Average and got.dtype.kind == "f"
+                and d["kind"] not in ("allgather", "grouped_allgather", "broadcast",
+                                      "alltoall")):
             # a division, or a multiplication by its inverse: last bits differ
             tol = 1e-3 if got.dtype == np.float16 else 1e-6
             assert np.allclose(got, want, rtol=tol, atol=0), (d["name"], got, want)
