@@ -13,7 +13,9 @@ imported only when a CUDA array arrives.
 Input this rank refuses (a bad root, bad splits, an unsupported dtype, ...)
 raises ValueError here, and the refusal goes to the coordinator too, so the
 other ranks' copies of the operation fail at once, naming this rank and its
-reason, instead of waiting for it forever.
+reason, instead of waiting for it forever. Frontends that check their own
+input before it reaches the core (a torch tensor that is not contiguous)
+do those checks inside `refusing`, to the same effect.
 """
 
 import functools
@@ -92,12 +94,40 @@ class _refusal:
         return self
 
     def __exit__(self, kind, exc, tb):
-        if kind is not None and issubclass(kind, (ValueError, TypeError)):
+        refused = kind is not None and issubclass(kind, (ValueError, TypeError))
+        if refused and self.rt is not None:
             self.rt.queue.tell(Entry(
                 self.name, self.op, process_set_id=self.ps.process_set_id,
                 group=self.name if self.group_size else "", group_size=self.group_size,
                 rejected=f"{kind.__name__}: {exc}"))
         return False  # the error goes on to the caller
+
+
+_NOT_TOLD = _refusal(None, "", 0, None)  # tells no one (no runtime)
+_REFUSABLE = {"allreduce": pb.ALLREDUCE, "allgather": pb.ALLGATHER,
+              "broadcast": pb.BROADCAST, "alltoall": pb.ALLTOALL,
+              "reducescatter": pb.REDUCESCATTER}
+
+
+def refusing(kind, name, process_set=global_process_set, group_size=0):
+    """For a frontend that checks an operation's input itself, before the
+    core's call: a ValueError or TypeError raised inside goes to the caller,
+    and to the coordinator as this rank's refusal of the `kind` operation
+    ('allreduce', 'allgather', 'broadcast', 'alltoall', 'reducescatter')
+    named `name` (a grouped one's base name, with its group_size), so the
+    set's other ranks fail at once naming this rank, as they do when the
+    core's own checks refuse, instead of waiting for it. `name` is the full
+    name the core would get. Only the frontend's checks go inside: the
+    core's call tells its own refusals. Without a running job, or for a set
+    this rank cannot use, nothing is told (the core's call would raise)."""
+    rt = runtime.current()
+    if rt is None or rt.fatal_error is not None:
+        return _NOT_TOLD
+    try:
+        ps = _process_set(process_set, rt, kind)
+    except ValueError:
+        return _NOT_TOLD
+    return _refusal(rt, name, _REFUSABLE[kind], ps, group_size)
 
 
 def _process_set(process_set, rt, what):

@@ -4,7 +4,8 @@ submitted in a different order on each rank and checked against NumPy
 negotiation and fusion go: a response cache of two entries (eviction every
 step), none at all (every tensor through a round), no fusion, four ranks;
 with bad input now and then; with process sets added and removed; with
-scale factors. And uneven steps with join() (tests/scripts/random_join.py)."""
+scale factors. And the same for frontends.torch
+(tests/scripts/random_torch.py). And uneven steps with join() (tests/scripts/random_join.py)."""
 
 import os
 
@@ -50,6 +51,22 @@ def test_random_uneven_steps_with_join_match_numpy_on_every_rank(np_, env):
     what the joined ranks stand in for is checked too (a grouped allreduce
     of new names run while the others had joined stopped the job)."""
     _run_and_check("random_join.py", np_ + len(env), 6, np_, env)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_, env", [
+    (3, {}), (4, {"HOROVOD_CACHE_CAPACITY": "2"}),
+    # one rank refuses a tensor now and then (not contiguous, a dtype
+    # nothing takes): the others failed only after the stall timeout
+    (3, {"BAD": "0.2", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5",
+         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "20"})],
+    ids=["3", "4_cache_of_two", "3_refusals"])
+def test_random_torch_steps_match_torch_on_every_rank(np_, env):
+    """Every variant of frontends.torch's collectives, every dtype, scale
+    factors, views into larger tensors (an in-place result stays in its
+    view), named and unnamed (tests/scripts/random_torch.py)."""
+    _run_and_check("random_torch.py", np_ + len(env), 25, np_,
+                   dict(env, OMP_NUM_THREADS="1"))
 
 
 def _run_and_check(script, seed, count, np_, env):

@@ -43,6 +43,7 @@ root); alltoall's sends gradients back along the received splits;
 reducescatter's gathers them.
 """
 
+import contextlib
 import re
 
 import numpy as np
@@ -52,6 +53,7 @@ from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.ops import control_flow_util as _control_flow_util
 
 import coordinator as core
+from coordinator import collectives as _core_collectives
 from coordinator.process_sets import global_process_set
 from frontends.tensorflow import errors, ordering
 from frontends.tensorflow import tensor_bridge as bridge
@@ -156,6 +158,18 @@ def _convert(tensors, what="collective", allowed=_MOVABLE):
     return _check_dtypes([tf.convert_to_tensor(t) for t in tensors], what, allowed)
 
 
+def _refusing(kind, op_type, name, process_set, group_size=0):
+    """Around an eager op's checks of its input: a refusal goes to the set's
+    other ranks too, which then fail naming this rank instead of waiting
+    for it (the name an eager op negotiates under does not depend on its
+    tensors). In a graph the op is refused where it is built, under a name
+    the graph gives it, and nothing is told."""
+    if not _executing_eagerly():
+        return contextlib.nullcontext()
+    return _core_collectives.refusing(kind, name if name is not None else op_type, process_set,
+                                      group_size)
+
+
 def _name_of(tensor):
     return lambda: tensor.name
 
@@ -200,7 +214,8 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
                ignore_name_scope=False, process_set=global_process_set):
     """Reduces `tensor` over the ranks of `process_set`. `op` goes to the core
     as is (default Sum); no compression, no sparse tensors."""
-    (tensor,) = _convert([tensor], "allreduce", _REDUCIBLE)
+    with _refusing("allreduce", "HorovodAllreduce", name, process_set):
+        (tensor,) = _convert([tensor], "allreduce", _REDUCIBLE)
     op_name = _op_name("HorovodAllreduce", _name_of(tensor), name, ignore_name_scope)
     return _allreduce_op([tensor], op_name, True, op, prescale_factor, postscale_factor,
                          ignore_name_scope, process_set)[0]
@@ -210,7 +225,9 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
                        ignore_name_scope=False, process_set=global_process_set):
     """Reduces every tensor of `tensors` in one negotiation (the core fuses
     them); returns a list."""
-    tensors = _convert(tensors, "grouped_allreduce", _REDUCIBLE)
+    tensors = list(tensors)
+    with _refusing("allreduce", "HorovodGroupedAllreduce", name, process_set, len(tensors)):
+        tensors = _convert(tensors, "grouped_allreduce", _REDUCIBLE)
     if not tensors:
         return []
     op_name = _op_name("HorovodGroupedAllreduce", _group_name_of(tensors), name,
@@ -259,7 +276,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     """Concatenates `tensor` with the same tensor of every other rank of
     `process_set` along the first dimension, which may differ per rank; the
     other dimensions must match."""
-    (tensor,) = _convert([tensor], "allgather")
+    with _refusing("allgather", "HorovodAllgather", name, process_set):
+        (tensor,) = _convert([tensor], "allgather")
     op_name = _op_name("HorovodAllgather", _name_of(tensor), name, ignore_name_scope)
     return _allgather_op([tensor], op_name, True, ignore_name_scope, process_set)[0]
 
@@ -268,7 +286,9 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
     """allgather of every tensor of `tensors` in one negotiation; returns a
     list."""
-    tensors = _convert(tensors, "grouped_allgather")
+    tensors = list(tensors)
+    with _refusing("allgather", "HorovodGroupedAllgather", name, process_set, len(tensors)):
+        tensors = _convert(tensors, "grouped_allgather")
     if not tensors:
         return []
     op_name = _op_name("HorovodGroupedAllgather", _group_name_of(tensors), name,
@@ -281,7 +301,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """Returns `root_rank`'s `tensor` on every rank of `process_set`.
     `root_rank` is a global rank."""
-    (tensor,) = _convert([tensor], "broadcast")
+    with _refusing("broadcast", "HorovodBroadcast", name, process_set):
+        (tensor,) = _convert([tensor], "broadcast")
     op_name = _op_name("HorovodBroadcast", _name_of(tensor), name, ignore_name_scope)
 
     def body(array):
@@ -308,7 +329,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     split when `splits` is None) and returns the rows received, concatenated
     in rank order; with `splits`, also the int32 tensor of rows received from
     each rank."""
-    (tensor,) = _convert([tensor], "alltoall")
+    with _refusing("alltoall", "HorovodAlltoall", name, process_set):
+        (tensor,) = _convert([tensor], "alltoall")
     op_name = _op_name("HorovodAlltoall", _name_of(tensor), name, ignore_name_scope)
     size = _process_set_size(process_set)
 
@@ -370,7 +392,8 @@ def _reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False,
     """Reduces `tensor` over `process_set` and leaves this rank its share of
     the first dimension (the first n % size ranks get one extra row)."""
     _check_reducescatter_op(op)
-    (tensor,) = _convert([tensor], "reducescatter", _REDUCIBLE)
+    with _refusing("reducescatter", "HorovodReducescatter", name, process_set):
+        (tensor,) = _convert([tensor], "reducescatter", _REDUCIBLE)
     op_name = _op_name("HorovodReducescatter", _name_of(tensor), name, ignore_name_scope)
     return _reducescatter_op([tensor], op_name, True, op, ignore_name_scope, process_set,
                              prescale_factor, postscale_factor)[0]
@@ -381,7 +404,10 @@ def _grouped_reducescatter(tensors, name=None, op=Sum, ignore_name_scope=False,
                            postscale_factor=1.0):
     """reducescatter of every tensor of `tensors` in one negotiation."""
     _check_reducescatter_op(op)
-    tensors = _convert(tensors, "grouped_reducescatter", _REDUCIBLE)
+    tensors = list(tensors)
+    with _refusing("reducescatter", "HorovodGroupedReducescatter", name, process_set,
+                   len(tensors)):
+        tensors = _convert(tensors, "grouped_reducescatter", _REDUCIBLE)
     if not tensors:
         return []
     op_name = _op_name("HorovodGroupedReducescatter", _group_name_of(tensors), name,

@@ -209,17 +209,31 @@ def _device(bridged):
 
 
 # --------------------------------------------------- the one implementations
+def _refusing(kind, name, process_set, tensors=(), grouped=False):
+    """Around the frontend's own checks of its input (Horovod's: a supported
+    dtype, a contiguous dense tensor): a refusal here goes to the other
+    ranks too, which then fail naming this rank instead of waiting for it."""
+    return _core_collectives.refusing(kind, name, process_set,
+                                      len(tensors) if grouped else 0)
+
+
+def _label(prefix, name):
+    """How errors name an operation: its kind and its full name."""
+    return f"{prefix} of tensor '{name}'"
+
+
 def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set, *, grouped, inplace):
     op = handle_average_backwards_compatibility(op, average, stacklevel=4)
     handle = _handles.new()
     prefix = "grouped_allreduce" if grouped else "allreduce"
-    ins = [_tensors.bridge(t, prefix, reducible=True) for t in tensors]
+    name = _handles.name(prefix, name, process_set)
+    with _refusing("allreduce", name, process_set, tensors, grouped):
+        ins = [_tensors.bridge(t, _label(prefix, name), reducible=True) for t in tensors]
     outs = ins if inplace else [_tensors.bridge(_tensors.empty_like(t), prefix, True)
                                 for t in tensors]
-    kwargs = dict(name=_handles.name(prefix, name, process_set), op=op,
-                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                  process_set=process_set)
+    kwargs = dict(name=name, op=op, prescale_factor=prescale_factor,
+                  postscale_factor=postscale_factor, process_set=process_set)
     if grouped:
         def call():
             return core.grouped_allreduce_async([b.array for b in ins],
@@ -233,8 +247,10 @@ def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
 def _allgather(tensors, name=None, process_set=global_process_set, *, grouped, inplace=False):
     handle = _handles.new()
     prefix = "grouped_allgather" if grouped else "allgather"
-    ins = [_tensors.bridge(t, prefix) for t in tensors]
-    kwargs = dict(name=_handles.name(prefix, name, process_set), process_set=process_set)
+    name = _handles.name(prefix, name, process_set)
+    with _refusing("allgather", name, process_set, tensors, grouped):
+        ins = [_tensors.bridge(t, _label(prefix, name)) for t in tensors]
+    kwargs = dict(name=name, process_set=process_set)
     if grouped:
         def call():
             return core.grouped_allgather_async([b.array for b in ins], **kwargs)
@@ -254,13 +270,14 @@ def _broadcast(tensors, root_rank, name=None, process_set=global_process_set, *,
                inplace):
     handle = _handles.new()
     (tensor,) = tensors
-    src = _tensors.bridge(tensor, "broadcast")
+    name = _handles.name("broadcast", name, process_set)
+    with _refusing("broadcast", name, process_set):
+        src = _tensors.bridge(tensor, _label("broadcast", name))
     out = src if inplace else _tensors.bridge(_tensors.empty_like(tensor), "broadcast")
 
     def call():
-        return core.broadcast_async(src.array, root_rank,
-                                    name=_handles.name("broadcast", name, process_set),
-                                    process_set=process_set, output=out.array)
+        return core.broadcast_async(src.array, root_rank, name=name, process_set=process_set,
+                                    output=out.array)
     return _submit(handle, call, lambda _: out.written(), src.device)
 
 
@@ -268,16 +285,17 @@ def _alltoall(tensors, splits=None, name=None, process_set=global_process_set, *
               inplace=False):
     handle = _handles.new()
     (tensor,) = tensors
-    src = _tensors.bridge(tensor, "alltoall")
-    if isinstance(splits, torch.Tensor):
-        if splits.dim() != 1 or splits.dtype != torch.int32:
-            raise ValueError("alltoall: splits must be a 1-D torch.int32 tensor, got "
-                             f"{splits.dim()}-D {splits.dtype}")
-        splits = splits.detach().cpu().numpy()
+    name = _handles.name("alltoall", name, process_set)
+    with _refusing("alltoall", name, process_set):
+        src = _tensors.bridge(tensor, _label("alltoall", name))
+        if isinstance(splits, torch.Tensor):
+            if splits.dim() != 1 or splits.dtype != torch.int32:
+                raise ValueError(f"{_label('alltoall', name)}: splits must be a 1-D "
+                                 f"torch.int32 tensor, got {splits.dim()}-D {splits.dtype}")
+            splits = splits.detach().cpu().numpy()
 
     def call():
-        return core.alltoall_async(src.array, splits=splits,
-                                   name=_handles.name("alltoall", name, process_set),
+        return core.alltoall_async(src.array, splits=splits, name=name,
                                    process_set=process_set)
 
     def finish(result):
@@ -295,8 +313,10 @@ def _reducescatter(tensors, name=None, op=Average, process_set=global_process_se
                                    f"(got op={op!r}).")
     handle = _handles.new()
     prefix = "grouped_reducescatter" if grouped else "reducescatter"
-    ins = [_tensors.bridge(t, prefix, reducible=True) for t in tensors]
-    kwargs = dict(name=_handles.name(prefix, name, process_set), op=op, process_set=process_set,
+    name = _handles.name(prefix, name, process_set)
+    with _refusing("reducescatter", name, process_set, tensors, grouped):
+        ins = [_tensors.bridge(t, _label(prefix, name), reducible=True) for t in tensors]
+    kwargs = dict(name=name, op=op, process_set=process_set,
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     if grouped:
         def call():

@@ -571,6 +571,27 @@ def case_invalid_arguments_raise_invalid_argument(core):
     expect_raises(TypeError, tf.function(lambda: hvd.allgather(tf.constant([1], tf.uint16))))
 
 
+def case_a_dtype_one_rank_refuses_eagerly_fails_on_every_rank_naming_it(core):
+    """Eagerly, the other ranks fail at once naming the refusing rank (in
+    Horovod they wait forever); the job goes on."""
+    r, n = hvd.rank(), hvd.size()
+    bad = n - 1
+    calls = [
+        (hvd.allreduce, tf.ones(2), tf.constant(["s"]), dict(name="refused_dtype")),
+        (hvd.grouped_allreduce, [tf.ones(2), tf.ones(1)],
+         [tf.ones(2), tf.constant([1], tf.uint16)], {}),
+        (hvd.allgather, tf.ones(2), tf.constant([1], tf.uint16), {}),
+        (hvd.reducescatter, tf.ones(n), tf.constant([True] * n), dict(op=hvd.Sum)),
+    ]
+    for fn, good, spoiled, kwargs in calls:
+        if r == bad:
+            expect_raises(TypeError, fn, spoiled, **kwargs)
+        else:
+            exc = expect_raises(tf.errors.OpError, fn, good, **kwargs)
+            assert f"rank {bad} rejected" in str(exc), (fn.__name__, str(exc))
+    np.testing.assert_allclose(hvd.allreduce(tf.ones(2), op=hvd.Sum).numpy(), [n] * 2)
+
+
 def case_jit_compile_raises_a_clear_error(core):
     @tf.function(jit_compile=True)
     def compiled(x):

@@ -247,6 +247,37 @@ def case_invalid_arguments_raise_value_error(_core):
     expect_raises(ValueError, hvd.poll, 10 ** 9)
 
 
+def case_input_one_rank_refuses_fails_on_every_rank_naming_it(_core):
+    """The frontend's own checks (Horovod's: contiguous, a supported dtype,
+    int32 splits) raise ValueError on the rank that fails them, and the other
+    ranks fail at once naming it (in Horovod they wait forever). Unnamed ops
+    keep their names in step afterwards."""
+    bad = hvd.size() - 1
+    me = hvd.rank()
+
+    def refused(fn, good, spoiled, *args, **kwargs):
+        if me == bad:
+            return expect_raises(ValueError, fn, spoiled, *args, **kwargs)
+        exc = expect_raises(hvd.HorovodInternalError, fn, good, *args, **kwargs)
+        assert f"rank {bad} rejected" in str(exc), str(exc)
+        return exc
+
+    x = torch.ones(4, 4)
+    exc = refused(hvd.allreduce, x, x.t())
+    assert "contiguous" in str(exc) and "allreduce.noname." in str(exc), str(exc)
+    exc = refused(hvd.grouped_allreduce_, [torch.ones(2), torch.ones(3)],
+                  [torch.ones(2), torch.ones(3, dtype=torch.complex64)], name="g.refused")
+    assert "grouped_allreduce.g.refused" in str(exc), str(exc)
+    refused(hvd.allgather, torch.ones(2), torch.ones(2, dtype=torch.complex64))
+    refused(hvd.broadcast_, x, x.t(), root_rank=0, name="bc.refused")
+    rows = torch.ones(hvd.size(), 2)
+    refused(hvd.alltoall, rows, rows, splits=torch.ones(hvd.size(), dtype=torch.int32)
+            if me != bad else torch.ones(hvd.size(), dtype=torch.int64))
+    refused(hvd.reducescatter, rows, rows.t(), op=hvd.Sum)
+    out = hvd.allreduce(torch.ones(2), op=hvd.Sum)
+    same(out, torch.full((2,), float(hvd.size())), "unnamed after refusals")
+
+
 # ---------------------------------------------------------------- allgather
 def case_allgather_ragged_every_dtype(_core):
     for dtype in MOVABLE:
