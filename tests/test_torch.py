@@ -129,13 +129,39 @@ def test_bfloat16_results_wrap_without_copy():
     assert out.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-def test_unsupported_and_non_contiguous_tensors_are_value_errors():
+def test_unsupported_tensors_and_shared_in_place_targets_are_value_errors():
     with pytest.raises(ValueError, match="Tensor type torch.ComplexFloatTensor is not supported"):
         _tensors.bridge(torch.zeros(2, dtype=torch.complex64), "test")
     with pytest.raises(ValueError, match="not supported"):
         _tensors.bridge(torch.zeros(2, dtype=torch.bool), "test", reducible=True)
-    with pytest.raises(ValueError, match="contiguous"):
-        _tensors.bridge(torch.zeros(3, 4).t(), "test")
+    shared = torch.zeros(3, 1).expand(3, 4)
+    with pytest.raises(ValueError, match="share memory.*test"):
+        _tensors.bridge(shared, "test", inplace=True)
+    assert _tensors.bridge(shared, "test").array.flags.c_contiguous  # read only: a copy
+
+
+@pytest.mark.parametrize("layout, distinct", [
+    (lambda: torch.zeros(2, 3, 4, 5).contiguous(memory_format=torch.channels_last), True),
+    (lambda: torch.zeros(2, 3, 4, 5, 6).contiguous(memory_format=torch.channels_last_3d),
+     True),
+    (lambda: torch.zeros(4, 6)[:, ::2], True),
+    (lambda: torch.zeros(4, 6).t(), True),
+    (lambda: torch.zeros(5, 1, 3)[:, :, 1], True),
+    (lambda: torch.zeros(3, 1).expand(3, 4), False),
+    (lambda: torch.zeros(10).as_strided((3, 3), (2, 1)), False),  # rows overlap
+    (lambda: torch.zeros(10).as_strided((3, 3), (3, 1)), True),
+])
+def test_a_tensor_that_is_not_contiguous_is_bridged_through_a_copy(layout, distinct):
+    tensor = layout()
+    assert _tensors._distinct_elements(tensor) is distinct
+    if not distinct:
+        return
+    bridged = _tensors.bridge(tensor, "test", inplace=True)
+    assert bridged.array.flags.c_contiguous and bridged.array.shape == tuple(tensor.shape)
+    bridged.array[...] = np.arange(tensor.numel()).reshape(tensor.shape)
+    assert bridged.written() is tensor
+    assert torch.equal(tensor, torch.arange(tensor.numel(), dtype=tensor.dtype).reshape(
+        tensor.shape))
 
 
 def test_fp16_compression_round_trip():

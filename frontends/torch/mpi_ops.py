@@ -210,8 +210,8 @@ def _device(bridged):
 
 # --------------------------------------------------- the one implementations
 def _refusing(kind, name, process_set, tensors=(), grouped=False):
-    """Around the frontend's own checks of its input (Horovod's: a supported
-    dtype, a contiguous dense tensor): a refusal here goes to the other
+    """Around the frontend's own checks of its input (a supported dtype, a
+    dense tensor, an in-place target without shared elements): a refusal here goes to the other
     ranks too, which then fail naming this rank instead of waiting for it."""
     return _core_collectives.refusing(kind, name, process_set,
                                       len(tensors) if grouped else 0)
@@ -229,7 +229,8 @@ def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
     prefix = "grouped_allreduce" if grouped else "allreduce"
     name = _handles.name(prefix, name, process_set)
     with _refusing("allreduce", name, process_set, tensors, grouped):
-        ins = [_tensors.bridge(t, _label(prefix, name), reducible=True) for t in tensors]
+        ins = [_tensors.bridge(t, _label(prefix, name), reducible=True, inplace=inplace)
+               for t in tensors]
     outs = ins if inplace else [_tensors.bridge(_tensors.empty_like(t), prefix, True)
                                 for t in tensors]
     kwargs = dict(name=name, op=op, prescale_factor=prescale_factor,
@@ -272,7 +273,7 @@ def _broadcast(tensors, root_rank, name=None, process_set=global_process_set, *,
     (tensor,) = tensors
     name = _handles.name("broadcast", name, process_set)
     with _refusing("broadcast", name, process_set):
-        src = _tensors.bridge(tensor, _label("broadcast", name))
+        src = _tensors.bridge(tensor, _label("broadcast", name), inplace=inplace)
     out = src if inplace else _tensors.bridge(_tensors.empty_like(tensor), "broadcast")
 
     def call():

@@ -67,6 +67,19 @@ def test_every_op_on_cuda_tensors_matches_the_host(hvd, torch_cuda, name):
     assert received.tolist() == [1] * n
 
 
+def test_a_channels_last_cuda_tensor_is_reduced_in_place_in_its_layout(hvd, torch_cuda):
+    """Not contiguous: reduced as a contiguous copy on torch's stream, the
+    result copied back on it after synchronize (CPU: torch_ops_cases)."""
+    torch, thvd = torch_cuda
+    n, me = hvd.size(), hvd.rank()
+    inputs = [values(torch, r, (2, 3, 4, 4), torch.float32, seed=4) for r in range(n)]
+    x = inputs[me].cuda().contiguous(memory_format=torch.channels_last)
+    assert not x.is_contiguous()
+    assert thvd.allreduce_(x, op=thvd.Sum, name="t.cl") is x
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(x.cpu(), sum(inputs))
+
+
 def test_bool_tensors_are_gathered_and_broadcast(hvd, torch_cuda):
     torch, thvd = torch_cuda
     n, me = hvd.size(), hvd.rank()

@@ -235,8 +235,8 @@ def case_invalid_arguments_raise_value_error(_core):
     exc = expect_raises(ValueError, hvd.allreduce, torch.ones(2, dtype=torch.complex64))
     assert "not supported" in str(exc)
     expect_raises(ValueError, hvd.allreduce, torch.ones(2, dtype=torch.bool))
-    exc = expect_raises(ValueError, hvd.allreduce_, torch.ones(4, 4).t())
-    assert "contiguous" in str(exc)
+    exc = expect_raises(ValueError, hvd.allreduce_, torch.ones(4, 1).expand(4, 4))
+    assert "share memory" in str(exc)
     expect_raises(ValueError, hvd.broadcast, t, root_rank=hvd.size())
     expect_raises(ValueError, hvd.alltoall, torch.ones(hvd.size() + 1, 2))
     expect_raises(ValueError, hvd.alltoall, t, splits=torch.tensor([1] * hvd.size()))
@@ -247,11 +247,37 @@ def case_invalid_arguments_raise_value_error(_core):
     expect_raises(ValueError, hvd.poll, 10 ** 9)
 
 
+def case_tensors_that_are_not_contiguous_are_reduced_and_written_back(_core):
+    """channels_last, transposed, strided: reduced as contiguous copies
+    (Horovod refuses them); in place, the result lands in the tensor itself,
+    in its own layout, and nowhere else in its storage."""
+    n, me = hvd.size(), hvd.rank()
+    image = data(me, (2, 3, 4, 4))
+    want = torch.stack(everyone((2, 3, 4, 4))).sum(0)
+    cl = image.contiguous(memory_format=torch.channels_last)
+    assert hvd.allreduce_(cl, op=hvd.Sum, name="cl") is cl
+    assert cl.is_contiguous(memory_format=torch.channels_last)
+    same(cl, want, "channels_last in place")
+    same(hvd.allreduce(image.contiguous(memory_format=torch.channels_last), op=hvd.Sum),
+         want, "channels_last")
+    base = torch.zeros(4, 6)
+    strided = base[:, ::2]
+    strided.copy_(data(me, (4, 3), seed=3))
+    hvd.allreduce_(strided, op=hvd.Max, name="strided")
+    same(strided, torch.stack(everyone((4, 3), seed=3)).max(0).values, "strided")
+    assert not base[:, 1::2].any(), "an in-place write spilled"
+    t = data(me, (3, 5), seed=4).t()
+    hvd.broadcast_(t, root_rank=n - 1, name="transposed")
+    same(t, data(n - 1, (3, 5), seed=4).t(), "transposed broadcast")
+    gathered = hvd.allgather(data(me, (3, 2), seed=5).t())
+    same(gathered, torch.cat([data(r, (3, 2), seed=5).t() for r in range(n)]), "allgather")
+
+
 def case_input_one_rank_refuses_fails_on_every_rank_naming_it(_core):
-    """The frontend's own checks (Horovod's: contiguous, a supported dtype,
-    int32 splits) raise ValueError on the rank that fails them, and the other
-    ranks fail at once naming it (in Horovod they wait forever). Unnamed ops
-    keep their names in step afterwards."""
+    """The frontend's own checks (a supported dtype, int32 splits, an
+    in-place target without shared elements) raise ValueError on the rank
+    that fails them, and the other ranks fail at once naming it (in Horovod
+    they wait forever). Unnamed ops keep their names in step afterwards."""
     bad = hvd.size() - 1
     me = hvd.rank()
 
@@ -263,17 +289,19 @@ def case_input_one_rank_refuses_fails_on_every_rank_naming_it(_core):
         return exc
 
     x = torch.ones(4, 4)
-    exc = refused(hvd.allreduce, x, x.t())
-    assert "contiguous" in str(exc) and "allreduce.noname." in str(exc), str(exc)
+    shared = torch.ones(4, 1).expand(4, 4)  # every row in one place
+    exc = refused(hvd.allreduce_, x, shared)
+    assert "share memory" in str(exc) and "allreduce.noname." in str(exc), str(exc)
+    refused(hvd.allreduce, x, x.to(torch.complex64))
     exc = refused(hvd.grouped_allreduce_, [torch.ones(2), torch.ones(3)],
                   [torch.ones(2), torch.ones(3, dtype=torch.complex64)], name="g.refused")
     assert "grouped_allreduce.g.refused" in str(exc), str(exc)
     refused(hvd.allgather, torch.ones(2), torch.ones(2, dtype=torch.complex64))
-    refused(hvd.broadcast_, x, x.t(), root_rank=0, name="bc.refused")
+    refused(hvd.broadcast_, x, shared, root_rank=0, name="bc.refused")
     rows = torch.ones(hvd.size(), 2)
     refused(hvd.alltoall, rows, rows, splits=torch.ones(hvd.size(), dtype=torch.int32)
             if me != bad else torch.ones(hvd.size(), dtype=torch.int64))
-    refused(hvd.reducescatter, rows, rows.t(), op=hvd.Sum)
+    refused(hvd.reducescatter, rows, rows.bool(), op=hvd.Sum)
     out = hvd.allreduce(torch.ones(2), op=hvd.Sum)
     same(out, torch.full((2,), float(hvd.size())), "unnamed after refusals")
 

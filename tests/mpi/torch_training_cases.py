@@ -99,6 +99,45 @@ def case_distributed_optimizer_equals_single_process_on_the_global_batch(_core):
     assert_same_params(model, reference_training(sgd, 3))
 
 
+def case_a_channels_last_model_trains_as_on_the_global_batch(_core):
+    """Its conv weight and gradient are not contiguous (Horovod refuses them,
+    horovod/horovod#3491): broadcast_parameters and the optimizer reduce
+    contiguous copies and write the results back, keeping the layout; with
+    groups and fp16 compression too."""
+    cl = torch.channels_last
+
+    def make(seed):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Conv2d(2, 3, 2), nn.Flatten(),
+                             nn.Linear(3 * 3 * 3, 3)).double()
+
+    reference = make(0)
+    ref_opt = sgd(reference.parameters())
+    for step in range(3):
+        ref_opt.zero_grad()
+        x, y = global_batch(step)
+        F.cross_entropy(reference(x), y).backward()
+        ref_opt.step()
+    for kwargs, atol in (({}, ATOL), ({"groups": 2}, ATOL),
+                         ({"compression": hvd.Compression.fp16}, 1e-2)):
+        model = make(hvd.rank()).to(memory_format=cl)
+        weight = model[2].weight
+        assert not weight.is_contiguous()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        assert weight.is_contiguous(memory_format=cl)
+        assert_same_params(model, make(0), atol=0, what="broadcast")
+        opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                       named_parameters=model.named_parameters(), **kwargs)
+        for step in range(3):
+            opt.zero_grad()
+            x, y = batch(hvd.rank(), step)
+            F.cross_entropy(model(x.contiguous(memory_format=cl)), y).backward()
+            assert not weight.grad.is_contiguous()
+            opt.step()
+        assert weight.is_contiguous(memory_format=cl)
+        assert_same_params(model, reference, atol=atol, what=str(kwargs))
+
+
 def case_gradients_are_submitted_during_backward(_core):
     """Each gradient's allreduce starts from its hook, before step()."""
     model = make_net()

@@ -7,14 +7,15 @@ allreduce, allgather, broadcast, alltoall and reducescatter, in every torch
 dtype the frontend takes (bfloat16 and bool included), with prescale and
 postscale factors, on the global set or a process set, named or unnamed.
 Input tensors are often views into a larger tensor (a slice, so with a
-storage offset, or a 0-d element): an in-place result must land in the view
-and leave the rest of the storage as it was. Each rank submits its share in
+storage offset; a 0-d element; every other element, or a transposed view,
+which are not contiguous): an in-place result must land in the view and
+leave the rest of the storage as it was. Each rank submits its share in
 its own random order (unnamed operations keep their order within a set, as
 Horovod requires), then synchronizes and checks every result.
 
 With BAD (a probability) an operation gets, on one member, a tensor the
-frontend refuses as Horovod does (non-contiguous, or a dtype it cannot
-reduce): a ValueError there at once, and a HorovodInternalError naming that
+frontend refuses (a dtype it cannot move, or an in-place target whose
+elements share memory): a ValueError there at once, and a HorovodInternalError naming that
 rank on every other member; the rest of the step goes on.
 
 Usage: mpirun -n N python random_torch.py SEED STEPS (N >= 3).
@@ -78,18 +79,37 @@ def reduce(op, tensors, scales):
 
 
 def placed(tensor, how):
-    """`tensor` as the frontend gets it: alone, as a slice of a larger
-    tensor, or (a one-element tensor) as one element of a larger one. Returns
-    (input, the larger tensor or None, the slice it fills)."""
-    if how == "alone" or tensor.dim() == 0 and how == "slice":
+    """`tensor` as the frontend gets it: alone, or as a view into a larger
+    tensor (a slice, one element, every other element, a transposed view),
+    which is not contiguous for the last two. Returns (input, the larger
+    tensor or None, the function taking the view from it)."""
+    if how == "element" and tensor.numel() != 1 or how == "transposed" and tensor.dim() < 2:
+        how = "slice"
+    if how == "alone" or tensor.dim() == 0 and how != "element":
         return tensor.clone(), None, None
-    if how == "element" and tensor.numel() == 1:
+    if how == "element":
         big = torch.zeros(3, dtype=tensor.dtype)
-        big[1] = tensor.reshape(())
-        return big[1].reshape(tensor.shape) if tensor.dim() else big[1], big, slice(1, 2)
-    big = torch.zeros((tensor.shape[0] + 2,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
-    big[1:1 + tensor.shape[0]] = tensor
-    return big[1:1 + tensor.shape[0]], big, slice(1, 1 + tensor.shape[0])
+
+        def view(b):
+            return b[1].reshape(tensor.shape)
+    elif how == "slice":
+        big = torch.zeros((tensor.shape[0] + 2,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+
+        def view(b):
+            return b[1:1 + tensor.shape[0]]
+    elif how == "strided":
+        big = torch.zeros(2 * tensor.numel(), dtype=tensor.dtype)
+        strides = [2 * st for st in tensor.contiguous().stride()]
+
+        def view(b):
+            return b.as_strided(tensor.shape, strides)
+    else:
+        big = torch.zeros(tensor.transpose(-1, -2).shape, dtype=tensor.dtype)
+
+        def view(b):
+            return b.transpose(-1, -2)
+    view(big).copy_(tensor)
+    return view(big), big, view
 
 
 def draw(rng, step, i):
@@ -107,7 +127,7 @@ def draw(rng, step, i):
                   rng.choice((0.5, 1.0, 2.0, 3.0)))
     bad = None
     if rng.random() < BAD:
-        bad = (rng.choice(("transposed", "dtype")), rng.choice(members))
+        bad = (rng.choice(("overlapping", "dtype")), rng.choice(members))
     return dict(
         kind=kind, set=set_name, members=members, dtype=dtype, op=op, scales=scales,
         name=f"s{step}.{i}" if rng.random() < 0.7 else None,
@@ -117,16 +137,17 @@ def draw(rng, step, i):
         rows={r: rng.randint(0, 3) for r in members}, root=rng.choice(members),
         splits={r: [rng.randint(0, 2) for _ in members] for r in members},
         scalar=kind in ("allreduce", "broadcast") and rng.random() < 0.15,
-        place=rng.choice(("alone", "slice", "element")), seed=rng.randrange(1 << 30), bad=bad)
+        place=rng.choice(("alone", "slice", "element", "strided", "transposed")),
+        seed=rng.randrange(1 << 30), bad=bad)
 
 
 def spoil(d, tensor):
     how, rank = d["bad"] or (None, None)
     if rank != ME:
         return tensor
-    if how == "transposed" and tensor.numel() > 1:  # every other element: not contiguous
-        base = torch.zeros(2 * tensor.numel(), dtype=tensor.dtype)
-        return base.as_strided(tensor.shape, [2 * s for s in tensor.stride()])
+    if how == "overlapping" and d["inplace"] and tensor.numel() > 1:
+        # every element in one place: no in-place result can be written there
+        return torch.zeros((1,) * tensor.dim(), dtype=tensor.dtype).expand(tensor.shape)
     return torch.zeros(tensor.shape, dtype=torch.complex64)  # no collective takes it
 
 
@@ -215,20 +236,17 @@ def _check_outputs(d, result, want, ins):
             assert torch.equal(g, w), (label, g, w)
         if ins is None:
             continue
-        tensor, big, where = ins[k]
+        tensor, big, view = ins[k]
         if d["inplace"]:
             assert g is tensor, (label, "an in-place result is not the input tensor")
-        elif big is None:
-            continue
         if big is not None:
-            # the larger tensor: the result in its slice (in place), or the
-            # input as it was; zeros around it, as before
+            # the larger tensor: the result in its view (in place); zeros
+            # around it, as before
             around = big.clone()
-            around[where] = 0
+            view(around).zero_()
             assert not around.any(), (label, "an in-place write spilled", big)
-            inside = big[where].reshape(g.shape)
             if d["inplace"]:
-                assert torch.equal(inside, w), (label, big, w)
+                assert torch.equal(view(big), w), (label, big, w)
 
 
 def _check_alltoall(d, result, want):
