@@ -33,6 +33,10 @@ SETTINGS = {
     # zero, dividing last), also on cached names that ride in the cycle
     "scales": (3, {"SCALES": "0.5"}),
     "scales_reused_names_four_ranks": (4, {"SCALES": "0.5", "REUSE": "0.8"}),
+    # the 2D torus over two simulated hosts of two ranks
+    "torus_four_ranks": (4, {"HOROVOD_TORUS_ALLREDUCE": "1",
+                             "COORDINATOR_SIMULATED_LOCAL_SIZE": "2", "SCALES": "0.5",
+                             "BAD_INPUT": "0.1"}),
 }
 
 
