@@ -4,7 +4,7 @@ submitted in a different order on each rank and checked against NumPy
 negotiation and fusion go: a response cache of two entries (eviction every
 step), none at all (every tensor through a round), no fusion, four ranks;
 with bad input now and then; with process sets added and removed; with
-scale factors. And the same for frontends.torch
+scale factors; from several threads at once. And the same for frontends.torch
 (tests/scripts/random_torch.py). And uneven steps with join() (tests/scripts/random_join.py)."""
 
 import os
@@ -33,6 +33,11 @@ SETTINGS = {
     # zero, dividing last), also on cached names that ride in the cycle
     "scales": (3, {"SCALES": "0.5"}),
     "scales_reused_names_four_ranks": (4, {"SCALES": "0.5", "REUSE": "0.8"}),
+    # each rank's share submitted by three threads at once; or run by the
+    # blocking variants, which run the coordinator's loop on their threads
+    "threads_four_ranks": (4, {"THREADS": "3", "BAD_INPUT": "0.1", "REUSE": "0.5"}),
+    "threads_blocking": (3, {"THREADS": "3", "BLOCKING": "1", "BAD_INPUT": "0.1",
+                             "COORDINATOR_DRIVE_SECONDS": "0.05"}),
     # the 2D torus over two simulated hosts of two ranks
     "torus_four_ranks": (4, {"HOROVOD_TORUS_ALLREDUCE": "1",
                              "COORDINATOR_SIMULATED_LOCAL_SIZE": "2", "SCALES": "0.5",

@@ -29,6 +29,17 @@ averaged: integers are scaled in float64 and rounded toward zero, the
 average dividing last (coordinator/fusion.py scale_inplace), float16 and
 bfloat16 in float32; the expected result follows the same rule.
 
+With THREADS=K, each rank's share of a step is dealt to K threads, which
+submit and synchronize theirs at the same time (as a program with a torch
+and a TensorFlow model in one process does), so the order of submission
+differs from rank to rank and from run to run.
+
+With BLOCKING=1 (and THREADS), the threads call the blocking variants
+instead, each of which runs the coordinator's loop on its thread while it
+waits; each thread then has the same operations, in the same order, on
+every rank (else they would wait for each other), and only how the threads
+interleave differs.
+
 With STOP=RANK,STEP,K,RESUME that rank stops (SIGSTOP) after submitting K
 of its operations of step STEP, and is continued RESUME seconds later. Every
 rank then prints what stopped it, `RANK r: <ExceptionType>: <message>`
@@ -43,6 +54,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -55,6 +67,8 @@ BAD_INPUT = float(os.environ.get("BAD_INPUT", "0"))
 DYNAMIC_SETS = os.environ.get("DYNAMIC_SETS") == "1"
 REUSE = float(os.environ.get("REUSE", "0"))
 SCALES = float(os.environ.get("SCALES", "0"))
+THREADS = int(os.environ.get("THREADS", "1"))
+BLOCKING = os.environ.get("BLOCKING") == "1"
 STOP = [float(x) for x in os.environ["STOP"].split(",")] if os.environ.get("STOP") else None
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
          "alltoall", "reducescatter", "grouped_reducescatter")
@@ -105,7 +119,7 @@ def draw(rng, step, i):
     bad = None
     if rng.random() < BAD_INPUT:
         bad = (rng.choice(("mismatch", "refuse")), rng.choice(members))
-    return dict(name=name, kind=kind, set=set_name, members=members,
+    return dict(name=name, index=i, kind=kind, set=set_name, members=members,
                 dtype=dtype, inner=inner, op=op, count=count, scales=scales,
                 rows={r: rng.randint(0, 4) for r in members},
                 root=rng.choice(members), seed=rng.randrange(1 << 30),
@@ -159,6 +173,35 @@ def spoil(d, tensor):
     return tensor.reshape(tensor.shape + (1,))  # a shape (or rank) the others do not send
 
 
+class Done:
+    """What a blocking call left: its result or its error."""
+
+    def __init__(self, result=None, error=None):
+        self.result, self.error = result, error
+
+
+def begin(async_fn, *args, **kwargs):
+    """Starts an operation; with BLOCKING, runs it to the end with the
+    blocking variant (which runs the coordinator's loop on this thread)."""
+    if not BLOCKING:
+        return async_fn(*args, **kwargs)
+    blocking = getattr(hvd, async_fn.__name__[:-len("_async")])
+    try:
+        return Done(result=blocking(*args, **kwargs))
+    except ValueError:
+        raise  # refused here, at once, as the _async variant is
+    except hvd.HorovodInternalError as exc:
+        return Done(error=exc)
+
+
+def result_of(handle):
+    if not isinstance(handle, Done):
+        return hvd.synchronize(handle)
+    if handle.error is not None:
+        raise handle.error
+    return handle.result
+
+
 def submit(d):
     """Starts this rank's part of `d`; returns (handle, expected result), or
     (None, the ValueError) where this rank refuses its input."""
@@ -179,9 +222,9 @@ def _submit(d):
         mine = [spoil(d, t[me_in]) for t in ts]
         scales = dict(prescale_factor=d["scales"][0], postscale_factor=d["scales"][1])
         if kind == "allreduce":
-            return hvd.allreduce_async(mine[0], name=d["name"], op=d["op"],
+            return begin(hvd.allreduce_async, mine[0], name=d["name"], op=d["op"],
                                        process_set=ps, **scales), expected[:1]
-        return hvd.grouped_allreduce_async(mine, name=d["name"], op=d["op"],
+        return begin(hvd.grouped_allreduce_async, mine, name=d["name"], op=d["op"],
                                            process_set=ps, **scales), expected
     if kind in ("allgather", "grouped_allgather"):
         ts = [[value(d["seed"] + k, r, (d["rows"][r],) + inner, dtype) for r in members]
@@ -189,14 +232,14 @@ def _submit(d):
         expected = [np.concatenate(t) for t in ts]
         mine = [spoil(d, t[me_in]) for t in ts]
         if kind == "allgather":
-            return hvd.allgather_async(mine[0], name=d["name"], process_set=ps), expected[:1]
-        return hvd.grouped_allgather_async(mine, name=d["name"], process_set=ps), expected
+            return begin(hvd.allgather_async, mine[0], name=d["name"], process_set=ps), expected[:1]
+        return begin(hvd.grouped_allgather_async, mine, name=d["name"], process_set=ps), expected
     if kind == "broadcast":
         shape = (d["rows"][members[0]] + 1,) + inner
         root = value(d["seed"], d["root"], shape, dtype)
         mine = spoil(d, root if ME == d["root"] else np.zeros(shape, dtype))
         root_rank = SIZE + 5 if d["bad"] == ("refuse", ME) else d["root"]
-        return hvd.broadcast_async(mine, root_rank=root_rank, name=d["name"],
+        return begin(hvd.broadcast_async, mine, root_rank=root_rank, name=d["name"],
                                    process_set=ps), [root]
     if kind == "alltoall":
         splits = d["splits"]
@@ -209,7 +252,7 @@ def _submit(d):
         my_splits = list(splits[ME])
         if d["bad"] == ("refuse", ME):
             my_splits[0] += sent[ME].shape[0] + 1  # more rows than it has
-        return hvd.alltoall_async(spoil(d, sent[ME]), splits=my_splits, name=d["name"],
+        return begin(hvd.alltoall_async, spoil(d, sent[ME]), splits=my_splits, name=d["name"],
                                   process_set=ps), expected
     # reducescatter: rank i of the set gets its share of the rows
     rows = d["rows"][members[0]] + len(members)
@@ -223,9 +266,9 @@ def _submit(d):
     mine = [spoil(d, t[me_in]) for t in ts]
     scales = dict(prescale_factor=d["scales"][0], postscale_factor=d["scales"][1])
     if kind == "reducescatter":
-        return hvd.reducescatter_async(mine[0], op=d["op"], name=d["name"],
+        return begin(hvd.reducescatter_async, mine[0], op=d["op"], name=d["name"],
                                        process_set=ps, **scales), expected[:1]
-    return hvd.grouped_reducescatter_async(mine, op=d["op"], name=d["name"],
+    return begin(hvd.grouped_reducescatter_async, mine, op=d["op"], name=d["name"],
                                            process_set=ps, **scales), expected
 
 
@@ -260,7 +303,7 @@ def check_failed(d, handle, refused):
         return
     assert handle is not None, (d["name"], refused)
     try:
-        hvd.synchronize(handle)
+        result_of(handle)
     except (hvd.StallError, hvd.RankFailedError):
         raise  # not about the bad input: the job stops (STOP)
     except hvd.HorovodInternalError as exc:
@@ -299,6 +342,11 @@ def run_step(step):
     drawn = [draw(shared, step, i) for i in range(shared.randint(1, 6))]
     mine = [d for d in drawn if ME in d["members"]]
     random.Random(SEED * 7919 + step * 31 + ME).shuffle(mine)
+    if THREADS > 1:
+        run_in_threads(mine)
+        if DYNAMIC_SETS:
+            change_sets(shared, step, drawn)
+        return
     pending = []
     for d in mine:
         if STOP and (ME, step, len(pending)) == tuple(int(x) for x in STOP[:3]):
@@ -311,9 +359,39 @@ def run_step(step):
     for d, handle, expected in pending:
         if d["bad"] is None:
             assert handle is not None, (d["name"], expected)
-            check(d, hvd.synchronize(handle), expected)
+            check(d, result_of(handle), expected)
         else:
             check_failed(d, handle, expected)
+
+
+def run_in_threads(mine):
+    """Each of THREADS threads submits its share of `mine`, then checks it."""
+    failures = []
+
+    def work(share):
+        try:
+            pending = [(d,) + submit(d) for d in share]
+            for d, handle, expected in pending:
+                if d["bad"] is None:
+                    assert handle is not None, (d["name"], expected)
+                    check(d, result_of(handle), expected)
+                else:
+                    check_failed(d, handle, expected)
+        except BaseException as exc:  # noqa: B036 - reported on the main thread
+            failures.append(exc)
+
+    if BLOCKING:  # each thread the same operations everywhere, in draw order
+        mine = sorted(mine, key=lambda d: d["index"])
+        shares = [[d for d in mine if d["index"] % THREADS == k] for k in range(THREADS)]
+    else:
+        shares = [mine[k::THREADS] for k in range(THREADS)]
+    threads = [threading.Thread(target=work, args=(share,)) for share in shares]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
 
 
 try:
