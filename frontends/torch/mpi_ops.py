@@ -211,8 +211,9 @@ def _device(bridged):
 # --------------------------------------------------- the one implementations
 def _refusing(kind, name, process_set, tensors=(), grouped=False):
     """Around the frontend's own checks of its input (a supported dtype, a
-    dense tensor, an in-place target without shared elements): a refusal here goes to the other
-    ranks too, which then fail naming this rank instead of waiting for it."""
+    dense tensor, an in-place target without shared elements): a refusal
+    here goes to the other ranks too, which then fail naming this rank
+    instead of waiting for it."""
     return _core_collectives.refusing(kind, name, process_set,
                                       len(tensors) if grouped else 0)
 

@@ -11,6 +11,9 @@ Knobs (environment), for tests/test_elastic_mpi.py:
   FAIL_OP_AT=<step>:<rank>  that rank's backend raises as it runs its next
       operation from that step on (in membership 0): the job fails on every
       rank, and goes on after a reset with every worker
+  LEDGER=1  every rank adds rank + 1 instead of ones, and the state keeps
+      the size of each step's membership, so the final line can say what the
+      total must be (" ledger <expected total> steps <steps in the ledger>")
 """
 
 import os
@@ -30,11 +33,12 @@ KILLS = [tuple(int(v) for v in (item.split(":") + ["0"])[:3])
          for item in os.environ.get("KILL_AT", "").split(",") if item]
 FAIL_HOST = os.environ.get("FAIL_HOST", "")
 FAIL_AFTER = int(os.environ.get("FAIL_AFTER", "3"))
+LEDGER = os.environ.get("LEDGER") == "1"
 FAIL_OP = tuple(int(v) for v in os.environ["FAIL_OP_AT"].split(":")) \
     if os.environ.get("FAIL_OP_AT") else None
 
 hvd.init()
-state = elastic.ObjectState(step=0, total=np.zeros(4))
+state = elastic.ObjectState(step=0, total=np.zeros(4), ledger=[])
 me = membership.current()
 
 
@@ -80,8 +84,11 @@ def train(state):
                   flush=True)
             bg = runtime.current().background
             bg.ops = FailingOps(bg.ops)
-        got = hvd.allreduce(np.ones(4), op=hvd.Sum, name="g")
+        mine = np.full(4, hvd.rank() + 1.0) if LEDGER else np.ones(4)
+        got = hvd.allreduce(mine, op=hvd.Sum, name="g")
         state.total = state.total + got
+        if LEDGER:
+            state.ledger = state.ledger + [hvd.size()]
         state.step += 1
         print(f"step {state.step} rank {hvd.rank()} size {hvd.size()} t={time.time():.3f}",
               flush=True)
@@ -91,5 +98,7 @@ def train(state):
 
 
 train(state)
-print(f"done rank {hvd.rank()} size {hvd.size()} step {state.step} total {state.total[0]}",
-      flush=True)
+ledger = (f" ledger {sum(n * (n + 1) / 2 for n in state.ledger)} steps {len(state.ledger)}"
+          if LEDGER else "")
+print(f"done rank {hvd.rank()} size {hvd.size()} step {state.step} total {state.total[0]}"
+      + ledger, flush=True)
