@@ -1008,7 +1008,7 @@ def _run_function(func, args, kwargs, parsed):
         if message:
             lines.append(message)
         lines += [f"rank {r} raised:\n{err}" for r, err in sorted(failed.items())]
-        if missing:
+        if missing and not message:
             lines.append(f"no result from ranks {missing}")
         raise RuntimeError("\n".join(lines))
     return [pickler.loads(outcomes[r].result) for r in range(size)]

@@ -8,6 +8,7 @@ The jobs are tests/scripts/elastic_{torch,keras,numpy}.py.
 """
 
 import os
+import random
 import re
 import socket
 import subprocess
@@ -238,6 +239,60 @@ def test_too_few_workers_after_the_elastic_timeout_fail_the_job_clearly(tmp_path
     assert re.search(r"coordrun: the elastic driver stopped the job: only 2 worker slots are "
                      r"available, fewer than the 3 needed to go on \(--min-np\), after waiting "
                      r"2 s \(--elastic-timeout\)", err), err
+
+
+def test_when_the_last_worker_is_lost_the_job_ends_saying_so(tmp_path):
+    """Each loss leaves one worker fewer (a failure adds none above
+    --min-np); when the last one is SIGKILLed no one is left to re-form
+    the job. It used to end with status 1 and no word of why."""
+    script, _ = discovery(tmp_path, HOSTS[:2])
+    rc, out, err = coordrun(["-np", "2", "--min-np", "1", "--host-discovery-script", script],
+                            "elastic_numpy.py", env={"KILL_AT": "10:1:0,20:0:1", "STEPS": "60"})
+    assert rc != 0 and "membership 1: 1 kept" in err, err[-3000:]
+    assert re.search(r"coordrun: the job ended: in membership 1 of 1 workers, rank 0 \((\S+)\[0\]\) "
+                     r"ended without reporting to the driver \(killed, or its machine lost\); no "
+                     r"worker of it was left to carry the job's state on", err), err[-3000:]
+
+
+@pytest.mark.parametrize("seed", [3, 21])
+def test_random_losses_and_host_changes_keep_the_state_whole(tmp_path, seed):
+    """Workers SIGKILLed at random steps of random memberships, hosts
+    removed and added at random, blacklisted hosts coming back after 1-2 s:
+    every rank that finishes has run every step once, in the committed
+    history every rank restored (tests/scripts/elastic_numpy.py LEDGER: each
+    step adds the sum of rank + 1 over its membership, and records the
+    membership's size). Or the job stops clearly, where no worker is left
+    that could carry the state on."""
+    rng = random.Random(seed)
+    script, set_hosts = discovery(tmp_path, HOSTS)
+    total_steps = 150
+    kills = ",".join(f"{rng.randint(5, total_steps - 10)}:{rng.randint(0, 2)}:{rng.randint(0, 3)}"
+                     for _ in range(rng.randint(1, 3)))
+    changes = {rng.randint(5, total_steps - 5): rng.sample(HOSTS, rng.randint(1, 3))
+               for _ in range(rng.randint(0, 2))}
+
+    def change_hosts(line):
+        m = re.match(r"step (\d+) ", line)
+        if m and int(m.group(1)) in changes:
+            set_hosts(changes.pop(int(m.group(1))))
+
+    rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--max-np", "3",
+                             "--blacklist-cooldown-range", "1", "2",
+                             "--host-discovery-script", script], "elastic_numpy.py",
+                            env={"LEDGER": "1", "STEPS": str(total_steps), "STEP_SLEEP": "0.05",
+                                 "KILL_AT": kills}, on_line=change_hosts)
+    if rc != 0:
+        assert ("no worker of the previous membership is on a host the job may still use"
+                in err or "no worker of it was left to carry the job's state on" in err), (
+            kills, err[-3000:])
+        return
+    done = re.findall(r"^done rank (\d+) size (\d+) step (\d+) total (\S+) ledger (\S+) "
+                      r"steps (\d+)$", out, re.MULTILINE)
+    assert done and len(done) == int(done[0][1]), (kills, out[-2000:])
+    for _, _, step, total, ledger, steps in done:
+        assert int(step) == int(steps) == total_steps and float(total) == float(ledger), (
+            kills, done)
+    assert len({d[3] for d in done}) == 1, (kills, done)
 
 
 def test_coordinator_run_returns_every_ranks_value(monkeypatch):

@@ -104,10 +104,28 @@ def _status(driver, status, watcher):
     if driver.stop_reason:
         return status or 1, f"the elastic driver stopped the job: {driver.stop_reason}"
     outcomes = driver.final_outcomes()
-    size = len(driver.worlds.get(driver.generation, ()))
-    if size and len(outcomes) == size and all(o.exit_code == 0 for o in outcomes.values()):
+    world = driver.worlds.get(driver.generation, [])
+    if world and len(outcomes) == len(world) and all(o.exit_code == 0
+                                                     for o in outcomes.values()):
         return 0, None
-    return status or 1, None
+    return status or 1, _silent(driver.generation, world, outcomes)
+
+
+def _silent(generation, world, outcomes):
+    """What the job ended with when workers of its last membership ended
+    without reporting to the driver (SIGKILLed, or their machine lost), or
+    None. When none of them is left, no one could carry the job's state on
+    into a new membership (survivors ask for one): that is why it ended."""
+    silent = [r for r in range(len(world)) if r not in outcomes]
+    if not silent:
+        return None  # (a rank that raised says so itself; its status is the job's)
+    who = ", ".join(f"rank {r} ({world[r][0]}[{world[r][1]}])" for r in silent)
+    text = (f"the job ended: in membership {generation} of {len(world)} workers, {who} ended "
+            "without reporting to the driver (killed, or its machine lost)")
+    if len(silent) == len(world):
+        text += ("; no worker of it was left to carry the job's state on into a new "
+                 "membership, so the job could not re-form")
+    return text
 
 
 class _StartWatch:
