@@ -402,6 +402,7 @@ def test_host_updates_raise_on_the_next_commit_and_removals_skip_the_sync():
 
 class FakeMembership:
     hosts_version = 0
+    added_last = 0
 
     def communicator(self):
         return None
@@ -429,6 +430,32 @@ def test_run_restores_after_a_lost_worker_and_keeps_state_after_a_host_change(mo
     assert loop.run_fn(train, lambda: resets.append(1))(s) == 5
     assert events == [("start", 0), ("reset", 1), ("start", 1), ("reset", 3), ("start", 3)]
     assert len(resets) == 2
+
+
+@pytest.mark.parametrize("added, synced", [(0, False), (2, True)])
+def test_after_hosts_were_removed_the_state_is_synced_only_if_workers_joined(
+        monkeypatch, added, synced):
+    """The interrupt said "removed only", but hosts came back before the
+    driver planned and the re-forming started new workers, which sync from
+    rank 0: the old ranks must sync too (they skipped it: the job hung)."""
+    current = FakeMembership()
+    monkeypatch.setattr(membership, "current", lambda: current)
+    syncs = []
+    s = state.ObjectState(bcast_object=lambda obj: syncs.append(obj) or obj,
+                          get_rank=lambda: 0, step=0)
+    calls = []
+
+    def train(s):
+        calls.append(1)
+        if len(calls) == 1:
+            raise state.HostsUpdatedInterrupt(skip_sync=True)
+        return "done"
+
+    def reset():
+        current.added_last = added
+
+    assert loop.run_fn(train, reset)(s) == "done"
+    assert len(syncs) == (2 if synced else 1), syncs  # the first call syncs too
 
 
 def test_outside_an_elastic_job_a_failure_propagates(monkeypatch):

@@ -13,8 +13,8 @@ lost (any HorovodInternalError: a collective failed), it restores the last
 commit; when the hosts changed (HostsUpdatedInterrupt), it keeps the state
 as it is. Either way it then re-forms the job (`reset`: shut the coordinator
 down, re-form the membership, initialise again), syncs the state from the
-new rank 0 (unless only hosts were removed), calls the reset callbacks and
-calls the function again.
+new rank 0 (unless only hosts were removed and no worker joined), calls the
+reset callbacks and calls the function again.
 
 Outside an elastic job (no coordrun --min-np/--host-discovery-script) a
 failure cannot be repaired: the error propagates.
@@ -66,6 +66,13 @@ def run_fn(func, reset):
                 except HostsUpdatedInterrupt as e:
                     skip_sync = e.skip_sync
                 reset()
+                if skip_sync and membership.current().added_last:
+                    # The interrupt saw hosts removed only, but by the time
+                    # the driver planned, hosts had come (back): the new
+                    # workers sync from rank 0, so every rank must. (Skipping
+                    # it left the old ranks training while the new ones
+                    # waited in the sync: the job hung.)
+                    skip_sync = False
                 state.on_reset()
         finally:
             notification_manager.remove_listener(state)

@@ -53,6 +53,7 @@ class Membership:
         self.resets = 0
         self.failures = 0  # re-formings after a lost worker
         self.departures = 0  # workers that left because their host did
+        self.added_last = 0  # workers the last re-forming started
         self.last_reform_seconds = None
         self._lock = threading.RLock()
         self.agent = None
@@ -147,6 +148,7 @@ class Membership:
         if plan.spawn:
             comm = self._spawn(comm, plan)
             self.comm = comm
+        self.added_last = len(plan.spawn)
         self.generation = plan.generation
         self.generation_size = comm.size
         self.rank_in_generation = comm.rank
