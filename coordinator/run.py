@@ -873,7 +873,17 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str], on_start=None,
         return _run_launcher(argv, env, on_start)
 
 
+_forwarded = []  # the signals the last launcher run passed on to mpirun
+
+
+def forwarded_signals():
+    """The signals (names) coordrun passed on to mpirun in its last run: the
+    job was stopped from outside, not by what happened in it."""
+    return list(dict.fromkeys(signal.Signals(s).name for s in _forwarded))
+
+
 def _run_launcher(argv, env, on_start):
+    _forwarded.clear()
     proc = subprocess.Popen(list(argv), env=env, start_new_session=True,
                             preexec_fn=_die_with_this_process(signal.SIGTERM))
     if on_start is not None:
@@ -881,6 +891,7 @@ def _run_launcher(argv, env, on_start):
 
     def forward(signum, _frame):
         if proc.poll() is None:
+            _forwarded.append(signum)
             proc.send_signal(signum)
 
     previous = {}

@@ -469,6 +469,40 @@ def test_outside_an_elastic_job_a_failure_propagates(monkeypatch):
         loop.run_fn(train, lambda: None)(s)
 
 
+class EndedDriver:
+    """What launch._status reads of a driver after the job ended."""
+
+    stop_reason = None
+    generation = 1
+    worlds = {1: [("a", 0), ("b", 0)]}
+
+    def __init__(self, outcomes):
+        self.outcomes = outcomes
+
+    def final_outcomes(self):
+        return self.outcomes
+
+
+def test_the_end_of_a_job_names_the_workers_that_ended_without_reporting(monkeypatch):
+    from coordinator.elastic import launch
+    from coordinator.elastic.driver import Outcome
+
+    monkeypatch.setattr(run, "_forwarded", [])
+    assert launch._status(EndedDriver({0: Outcome(0), 1: Outcome(0)}), 0, None) == (0, None)
+    status, text = launch._status(EndedDriver({0: Outcome(0)}), 0, None)
+    assert status == 1 and "rank 1 (b[0]) ended without reporting" in text, text
+    assert "rank 0" not in text and "could not re-form" not in text, text
+    status, text = launch._status(EndedDriver({}), 137, None)
+    assert status == 137 and "rank 0 (a[0]), rank 1 (b[0]) ended" in text, text
+    assert "no worker of it was left to carry the job's state on" in text, text
+    # A rank that raised says so itself; the job's status is its.
+    assert launch._status(EndedDriver({0: Outcome(0), 1: Outcome(2)}), 2, None) == (2, None)
+    # Stopped from outside: not what happened in the job.
+    monkeypatch.setattr(run, "_forwarded", [15, 15])
+    assert launch._status(EndedDriver({}), 143, None) == (
+        143, "the job was stopped: coordrun got SIGTERM")
+
+
 # ------------------------------------------------------------ coordrun
 
 LAUNCHER = run.Launcher("/opt/ompi/bin/mpirun", run.OPEN_MPI)

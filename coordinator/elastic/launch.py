@@ -108,6 +108,11 @@ def _status(driver, status, watcher):
     if world and len(outcomes) == len(world) and all(o.exit_code == 0
                                                      for o in outcomes.values()):
         return 0, None
+    from coordinator import run as runmod
+
+    stopped = runmod.forwarded_signals()
+    if stopped:
+        return status or 1, f"the job was stopped: coordrun got {', '.join(stopped)}"
     return status or 1, _silent(driver.generation, world, outcomes)
 
 
