@@ -570,6 +570,19 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
         # enter a collective should yield its core to the training threads.
         default(YIELD_WHEN_IDLE, "1")
         if job is not None and job.elastic:
+            # ULFM's heartbeat detector: a rank that stops answering
+            # (SIGSTOPped, its machine gone silent) is declared failed after
+            # DETECTOR_TIMEOUT s, so the others re-form without it; without
+            # it they wait for it in MPI_Comm_shrink for ever. Heartbeats go
+            # out as MPI progresses (the coordinator's thread polls every
+            # millisecond); with the detector's own thread MPI_Finalize
+            # never returns (Open MPI 5.0, measured), so none. A rank that
+            # holds the interpreter lock longer than the timeout in one C
+            # call would be taken for dead: hence 30 s, not Open MPI's 10.
+            default("OMPI_MCA_mpi_ft_detector", "true")
+            default("OMPI_MCA_mpi_ft_detector_thread", "false")
+            default("OMPI_MCA_mpi_ft_detector_timeout", str(DETECTOR_TIMEOUT))
+        if job is not None and job.elastic:
             # Ranks spawned later on another host do not inherit what -x
             # exported: the ranks pass these on when they spawn them.
             names = sorted(set(exported) | {EXPORTED_NAMES})
@@ -590,6 +603,9 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
     argv += shlex.split(args.mpi_args)
     argv += list(job.command) if job is not None else args.command
     return argv, env
+
+
+DETECTOR_TIMEOUT = 30  # seconds without a heartbeat before ULFM takes a rank for dead
 
 
 def _binding(args):

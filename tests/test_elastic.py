@@ -524,6 +524,17 @@ def test_elastic_flags_make_an_elastic_job():
     assert "--host" in argv and argv[argv.index("--host") + 1] == "a:2,b:1"
     assert env["OMPI_MCA_btl_tcp_if_include"] == "lo" and "OMPI_MCA_btl" not in env
     assert "-x" in argv and "K" in argv and "v" not in argv  # values stay off argv
+    # ULFM's heartbeat detector takes a silent rank for dead after 30 s,
+    # without its own thread (MPI_Finalize hangs with it); the user's choice wins
+    assert (env["OMPI_MCA_mpi_ft_detector"], env["OMPI_MCA_mpi_ft_detector_thread"],
+            env["OMPI_MCA_mpi_ft_detector_timeout"]) == ("true", "false", "30")
+    assert argv[argv.index("OMPI_MCA_mpi_ft_detector") - 1] == "-x"
+    _, env = run.build_command(args, LAUNCHER, dict(ENV, OMPI_MCA_mpi_ft_detector_timeout="12"),
+                               euid=1, job=job)
+    assert env["OMPI_MCA_mpi_ft_detector_timeout"] == "12"
+    static = run.build_command(run.parse_args(["-np", "2", "python", "t.py"]), LAUNCHER, ENV,
+                               euid=1)[1]
+    assert "OMPI_MCA_mpi_ft_detector" not in static
 
 
 @pytest.mark.parametrize("argv,message", [

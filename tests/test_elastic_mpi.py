@@ -241,6 +241,23 @@ def test_too_few_workers_after_the_elastic_timeout_fail_the_job_clearly(tmp_path
                      r"2 s \(--elastic-timeout\)", err), err
 
 
+def test_a_stopped_worker_is_taken_for_lost_and_the_job_finishes_without_it(tmp_path):
+    """SIGSTOPped (hung, its machine silent): ULFM's heartbeat detector
+    declares it failed (here after 10 s), the others re-form without it and
+    finish, and coordrun ends the stopped process, which kept mpirun
+    waiting. Before, the others waited for it in MPI_Comm_shrink for ever."""
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--host-discovery-script", script],
+                            "elastic_numpy.py",
+                            env={"STOP_AT": "15:1", "STEPS": "60",
+                                 "OMPI_MCA_mpi_ft_detector_timeout": "10"}, timeout=150)
+    assert rc == 0, err[-3000:]
+    assert "stopping rank 1 (step 15)" in out and "membership 1: 2 kept" in err, err[-3000:]
+    done = re.findall(r"^done rank (\d) size 2 step 60 total (\S+)$", out, re.MULTILINE)
+    assert len(done) == 2 and len({total for _, total in done}) == 1, out[-2000:]
+    assert "yet mpirun still waits for processes of earlier memberships" in err, err[-3000:]
+
+
 def test_when_the_last_worker_is_lost_the_job_ends_saying_so(tmp_path):
     """Each loss leaves one worker fewer (a failure adds none above
     --min-np); when the last one is SIGKILLed no one is left to re-form

@@ -90,11 +90,18 @@ def launch(args, launcher, environ, driver, command, elastic=True):
     if elastic:
         driver.start_discovery()
     watcher = _StartWatch(driver, start_timeout(args), address)
+    ender = _EndWatch(driver)
+
+    def started(proc):
+        watcher.start(proc)
+        if elastic:
+            ender.start(proc)
+
     try:
-        status = runmod.run_launcher(argv, env, on_start=watcher.start,
-                                       flavor=launcher.flavor)
+        status = runmod.run_launcher(argv, env, on_start=started, flavor=launcher.flavor)
     finally:
         watcher.done.set()
+        ender.done.set()
         driver.stop()
         server.stop(1)
     return _status(driver, status, watcher)
@@ -131,6 +138,44 @@ def _silent(generation, world, outcomes):
         text += ("; no worker of it was left to carry the job's state on into a new "
                  "membership, so the job could not re-form")
     return text
+
+
+END_GRACE = 10.0
+
+
+class _EndWatch:
+    """Ends mpirun when every worker of the last membership has reported its
+    end and mpirun still runs END_GRACE seconds later: it waits for a worker
+    an earlier membership lost that never exited (stopped, or hung, and
+    declared failed by ULFM's detector), which would keep the job for ever."""
+
+    def __init__(self, driver, grace=END_GRACE):
+        self.driver = driver
+        self.grace = grace
+        self.done = threading.Event()
+
+    def start(self, proc):
+        threading.Thread(target=self._watch, args=(proc,), daemon=True,
+                         name="coordinator-end-watch").start()
+
+    def _finished(self):
+        driver = self.driver
+        with driver.cond:
+            world = driver.worlds.get(driver.generation, ())
+            return bool(world) and all((driver.generation, r) in driver.outcomes
+                                       for r in range(len(world)))
+
+    def _watch(self, proc):
+        while not self._finished():
+            if self.done.wait(1.0) or proc.poll() is not None:
+                return
+        if self.done.wait(self.grace) or proc.poll() is not None:
+            return
+        log.warning("driver: every worker of membership %d reported its end %g s ago, yet "
+                    "mpirun still waits for processes of earlier memberships (workers lost "
+                    "without exiting: stopped or hung); ending them", self.driver.generation,
+                    self.grace)
+        proc.terminate()
 
 
 class _StartWatch:

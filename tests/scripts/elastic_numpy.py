@@ -11,6 +11,8 @@ Knobs (environment), for tests/test_elastic_mpi.py:
   FAIL_OP_AT=<step>:<rank>  that rank's backend raises as it runs its next
       operation from that step on (in membership 0): the job fails on every
       rank, and goes on after a reset with every worker
+  STOP_AT=<step>:<rank>[:<membership>]  SIGSTOP that rank at that step (it
+      stays stopped: a hung worker)
   LEDGER=1  every rank adds rank + 1 instead of ones, and the state keeps
       the size of each step's membership, so the final line can say what the
       total must be (" ledger <expected total> steps <steps in the ledger>")
@@ -31,6 +33,8 @@ COMMIT = int(os.environ.get("COMMIT", "5"))
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0.02"))
 KILLS = [tuple(int(v) for v in (item.split(":") + ["0"])[:3])
          for item in os.environ.get("KILL_AT", "").split(",") if item]
+STOPS = [tuple(int(v) for v in (item.split(":") + ["0"])[:3])
+         for item in os.environ.get("STOP_AT", "").split(",") if item]
 FAIL_HOST = os.environ.get("FAIL_HOST", "")
 FAIL_AFTER = int(os.environ.get("FAIL_AFTER", "3"))
 LEDGER = os.environ.get("LEDGER") == "1"
@@ -77,6 +81,11 @@ def train(state):
         for step, rank, generation in KILLS:
             if (state.step, hvd.rank(), me.generation) == (step, rank, generation):
                 die(f"step {step}")
+        for step, rank, generation in STOPS:
+            if (state.step, hvd.rank(), me.generation) == (step, rank, generation):
+                print(f"stopping rank {hvd.rank()} (step {step}) t={time.time():.3f}",
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
         if host == FAIL_HOST and state.step - started >= FAIL_AFTER:
             die(f"on failing host {host}")
         if FAIL_OP and (state.step, hvd.rank(), me.generation) == (*FAIL_OP, 0):
