@@ -143,20 +143,35 @@ def _silent(generation, world, outcomes):
 END_GRACE = 10.0
 
 
-class _EndWatch:
+class _Watch:
+    """A thread that watches mpirun's process beside the driver, from its
+    start until `done` is set."""
+
+    thread_name = "coordinator-watch"
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.done = threading.Event()
+
+    def start(self, proc):
+        threading.Thread(target=self._watch, args=(proc,), daemon=True,
+                         name=self.thread_name).start()
+
+    def _watch(self, proc):
+        raise NotImplementedError
+
+
+class _EndWatch(_Watch):
     """Ends mpirun when every worker of the last membership has reported its
     end and mpirun still runs END_GRACE seconds later: it waits for a worker
     an earlier membership lost that never exited (stopped, or hung, and
     declared failed by ULFM's detector), which would keep the job for ever."""
 
-    def __init__(self, driver, grace=END_GRACE):
-        self.driver = driver
-        self.grace = grace
-        self.done = threading.Event()
+    thread_name = "coordinator-end-watch"
 
-    def start(self, proc):
-        threading.Thread(target=self._watch, args=(proc,), daemon=True,
-                         name="coordinator-end-watch").start()
+    def __init__(self, driver, grace=END_GRACE):
+        super().__init__(driver)
+        self.grace = grace
 
     def _finished(self):
         driver = self.driver
@@ -178,22 +193,19 @@ class _EndWatch:
         proc.terminate()
 
 
-class _StartWatch:
+class _StartWatch(_Watch):
     """Warns when the first ranks have not checked in with the driver within
     the start timeout (horovodrun's --start-timeout). Only a warning: a
     rank checks in when its script calls init(), which a slow import (or a
     busy machine) can delay; the job itself runs without the driver until it
     must re-form."""
 
+    thread_name = "coordinator-start-timeout"
+
     def __init__(self, driver, timeout, address):
-        self.driver = driver
+        super().__init__(driver)
         self.timeout = timeout
         self.address = address
-        self.done = threading.Event()
-
-    def start(self, proc):
-        threading.Thread(target=self._watch, args=(proc,), daemon=True,
-                         name="coordinator-start-timeout").start()
 
     def _watch(self, proc):
         if self.driver.wait_registered(0, self.timeout) or self.done.is_set():

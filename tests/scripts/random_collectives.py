@@ -356,6 +356,11 @@ def run_step(step):
         stop_here(STOP[3])
     if DYNAMIC_SETS:
         change_sets(shared, step, drawn)
+    check_all(pending)
+
+
+def check_all(pending):
+    """Waits for and checks each (operation, handle, expected) of `pending`."""
     for d, handle, expected in pending:
         if d["bad"] is None:
             assert handle is not None, (d["name"], expected)
@@ -370,13 +375,7 @@ def run_in_threads(mine):
 
     def work(share):
         try:
-            pending = [(d,) + submit(d) for d in share]
-            for d, handle, expected in pending:
-                if d["bad"] is None:
-                    assert handle is not None, (d["name"], expected)
-                    check(d, result_of(handle), expected)
-                else:
-                    check_failed(d, handle, expected)
+            check_all([(d,) + submit(d) for d in share])
         except BaseException as exc:  # noqa: B036 - reported on the main thread
             failures.append(exc)
 
