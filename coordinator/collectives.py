@@ -15,9 +15,10 @@ raises ValueError here, and the refusal goes to the coordinator too, so the
 other ranks' copies of the operation fail at once, naming this rank and its
 reason, instead of waiting for it forever. Frontends that check their own
 input before it reaches the core (a torch tensor that is not contiguous)
-do those checks inside `refusing`, to the same effect.
+tell theirs with `refuse` (or `refusing`), to the same effect.
 """
 
+import contextlib
 import functools
 import itertools
 import numbers
@@ -94,8 +95,7 @@ class _refusal:
         return self
 
     def __exit__(self, kind, exc, tb):
-        refused = kind is not None and issubclass(kind, (ValueError, TypeError))
-        if refused and self.rt is not None:
+        if kind is not None and issubclass(kind, (ValueError, TypeError)):
             self.rt.queue.tell(Entry(
                 self.name, self.op, process_set_id=self.ps.process_set_id,
                 group=self.name if self.group_size else "", group_size=self.group_size,
@@ -103,31 +103,43 @@ class _refusal:
         return False  # the error goes on to the caller
 
 
-_NOT_TOLD = _refusal(None, "", 0, None)  # tells no one (no runtime)
 _REFUSABLE = {"allreduce": pb.ALLREDUCE, "allgather": pb.ALLGATHER,
               "broadcast": pb.BROADCAST, "alltoall": pb.ALLTOALL,
               "reducescatter": pb.REDUCESCATTER}
 
 
-def refusing(kind, name, process_set=global_process_set, group_size=0):
+def refuse(kind, name, error, process_set=global_process_set, group_size=0):
     """For a frontend that checks an operation's input itself, before the
-    core's call: a ValueError or TypeError raised inside goes to the caller,
-    and to the coordinator as this rank's refusal of the `kind` operation
-    ('allreduce', 'allgather', 'broadcast', 'alltoall', 'reducescatter')
-    named `name` (a grouped one's base name, with its group_size), so the
-    set's other ranks fail at once naming this rank, as they do when the
-    core's own checks refuse, instead of waiting for it. `name` is the full
-    name the core would get. Only the frontend's checks go inside: the
-    core's call tells its own refusals. Without a running job, or for a set
-    this rank cannot use, nothing is told (the core's call would raise)."""
+    core's call: tells the coordinator that this rank refuses the `kind`
+    operation ('allreduce', 'allgather', 'broadcast', 'alltoall',
+    'reducescatter') named `name` (the full name the core would get; a
+    grouped one's base name, with its group_size) for `error`, the
+    ValueError or TypeError the frontend raises. The set's other ranks then
+    fail at once naming this rank, as they do when the core's own checks
+    refuse, instead of waiting for it. Call it where the frontend catches
+    its check's error, and raise that error on: the try costs nothing when
+    nothing fails. Only the frontend's checks: the core's call tells its
+    own refusals. Without a running job, or for a set this rank cannot use,
+    nothing is told (the core's call would raise)."""
     rt = runtime.current()
     if rt is None or rt.fatal_error is not None:
-        return _NOT_TOLD
+        return
     try:
         ps = _process_set(process_set, rt, kind)
     except ValueError:
-        return _NOT_TOLD
-    return _refusal(rt, name, _REFUSABLE[kind], ps, group_size)
+        return
+    _refusal(rt, name, _REFUSABLE[kind], ps, group_size).__exit__(type(error), error, None)
+
+
+@contextlib.contextmanager
+def refusing(kind, name, process_set=global_process_set, group_size=0):
+    """`refuse` for the ValueError or TypeError raised inside (a context
+    manager costs about 1 us a use: on a hot path, catch and call refuse)."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        refuse(kind, name, exc, process_set, group_size)
+        raise
 
 
 def _process_set(process_set, rt, what):

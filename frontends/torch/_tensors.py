@@ -117,7 +117,7 @@ class Bridged:
         return self.tensor_in
 
 
-def check(tensor, what, reducible=False, inplace=False):
+def check(tensor, what, reducible=False):
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
     allowed = REDUCIBLE if reducible else SUPPORTED
@@ -127,7 +127,11 @@ def check(tensor, what, reducible=False, inplace=False):
     if tensor.is_sparse:
         raise ValueError(f"{what}: sparse tensors are not supported here; use "
                          "sparse_allreduce_async or sparse_as_dense=True")
-    if inplace and not _distinct_elements(tensor):
+
+
+def _check_target(tensor, what):
+    """An in-place result can be copied back into `tensor` (not contiguous)."""
+    if not _distinct_elements(tensor):
         raise ValueError(f"An in-place result cannot be written into a tensor whose elements "
                          f"share memory. ({what}: strides {tuple(tensor.stride())} for shape "
                          f"{tuple(tensor.shape)}, as an expanded tensor's; pass "
@@ -137,8 +141,6 @@ def check(tensor, what, reducible=False, inplace=False):
 def _distinct_elements(tensor):
     """True when no two elements of `tensor` share memory: its dimensions,
     ordered by stride, each step over all the previous ones."""
-    if tensor.is_contiguous():
-        return True
     span = 1
     for stride, size in sorted((st, sz) for st, sz in zip(tensor.stride(), tensor.shape)
                                if sz > 1):
@@ -208,13 +210,12 @@ def _dlpack_array(tensor):
 def bridge(tensor, what, reducible=False, inplace=False):
     """`tensor` as an array for the core; checks Horovod's preconditions
     (`inplace`: the core writes its result there)."""
-    check(tensor, what, reducible, inplace)
-    staged = None
+    check(tensor, what, reducible)
+    tensor_in, staged = tensor, None
     if not tensor.is_contiguous():  # the core works on a contiguous copy
-        tensor_in, staged = tensor, tensor.detach().contiguous()
-        tensor = staged
-    else:
-        tensor_in = tensor
+        if inplace:
+            _check_target(tensor, what)
+        tensor = staged = tensor.detach().contiguous()
     if tensor.is_cpu:  # (tensor.device.type costs 0.3 us, is_cpu 0.07)
         return Bridged(tensor_in, _host_array(tensor), -1, staged)
     if tensor.is_cuda and _core_takes_devices():

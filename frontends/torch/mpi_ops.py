@@ -209,13 +209,11 @@ def _device(bridged):
 
 
 # --------------------------------------------------- the one implementations
-def _refusing(kind, name, process_set, tensors=(), grouped=False):
-    """Around the frontend's own checks of its input (a supported dtype, a
-    dense tensor, an in-place target without shared elements): a refusal
-    here goes to the other ranks too, which then fail naming this rank
-    instead of waiting for it."""
-    return _core_collectives.refusing(kind, name, process_set,
-                                      len(tensors) if grouped else 0)
+def _refuse(kind, name, error, process_set, tensors=(), grouped=False):
+    """The frontend's own checks of its input (a supported dtype, a dense
+    tensor, an in-place target without shared elements) failed: the other
+    ranks fail too, naming this rank, instead of waiting for it."""
+    _core_collectives.refuse(kind, name, error, process_set, len(tensors) if grouped else 0)
 
 
 def _label(prefix, name):
@@ -229,9 +227,12 @@ def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
     handle = _handles.new()
     prefix = "grouped_allreduce" if grouped else "allreduce"
     name = _handles.name(prefix, name, process_set)
-    with _refusing("allreduce", name, process_set, tensors, grouped):
-        ins = [_tensors.bridge(t, _label(prefix, name), reducible=True, inplace=inplace)
-               for t in tensors]
+    try:
+        what = _label(prefix, name)
+        ins = [_tensors.bridge(t, what, reducible=True, inplace=inplace) for t in tensors]
+    except (ValueError, TypeError) as exc:
+        _refuse("allreduce", name, exc, process_set, tensors, grouped)
+        raise
     outs = ins if inplace else [_tensors.bridge(_tensors.empty_like(t), prefix, True)
                                 for t in tensors]
     kwargs = dict(name=name, op=op, prescale_factor=prescale_factor,
@@ -250,8 +251,12 @@ def _allgather(tensors, name=None, process_set=global_process_set, *, grouped, i
     handle = _handles.new()
     prefix = "grouped_allgather" if grouped else "allgather"
     name = _handles.name(prefix, name, process_set)
-    with _refusing("allgather", name, process_set, tensors, grouped):
-        ins = [_tensors.bridge(t, _label(prefix, name)) for t in tensors]
+    try:
+        what = _label(prefix, name)
+        ins = [_tensors.bridge(t, what) for t in tensors]
+    except (ValueError, TypeError) as exc:
+        _refuse("allgather", name, exc, process_set, tensors, grouped)
+        raise
     kwargs = dict(name=name, process_set=process_set)
     if grouped:
         def call():
@@ -273,8 +278,11 @@ def _broadcast(tensors, root_rank, name=None, process_set=global_process_set, *,
     handle = _handles.new()
     (tensor,) = tensors
     name = _handles.name("broadcast", name, process_set)
-    with _refusing("broadcast", name, process_set):
+    try:
         src = _tensors.bridge(tensor, _label("broadcast", name), inplace=inplace)
+    except (ValueError, TypeError) as exc:
+        _refuse("broadcast", name, exc, process_set)
+        raise
     out = src if inplace else _tensors.bridge(_tensors.empty_like(tensor), "broadcast")
 
     def call():
@@ -288,13 +296,16 @@ def _alltoall(tensors, splits=None, name=None, process_set=global_process_set, *
     handle = _handles.new()
     (tensor,) = tensors
     name = _handles.name("alltoall", name, process_set)
-    with _refusing("alltoall", name, process_set):
+    try:
         src = _tensors.bridge(tensor, _label("alltoall", name))
         if isinstance(splits, torch.Tensor):
             if splits.dim() != 1 or splits.dtype != torch.int32:
                 raise ValueError(f"{_label('alltoall', name)}: splits must be a 1-D "
                                  f"torch.int32 tensor, got {splits.dim()}-D {splits.dtype}")
             splits = splits.detach().cpu().numpy()
+    except (ValueError, TypeError) as exc:
+        _refuse("alltoall", name, exc, process_set)
+        raise
 
     def call():
         return core.alltoall_async(src.array, splits=splits, name=name,
@@ -316,8 +327,12 @@ def _reducescatter(tensors, name=None, op=Average, process_set=global_process_se
     handle = _handles.new()
     prefix = "grouped_reducescatter" if grouped else "reducescatter"
     name = _handles.name(prefix, name, process_set)
-    with _refusing("reducescatter", name, process_set, tensors, grouped):
-        ins = [_tensors.bridge(t, _label(prefix, name), reducible=True) for t in tensors]
+    try:
+        what = _label(prefix, name)
+        ins = [_tensors.bridge(t, what, reducible=True) for t in tensors]
+    except (ValueError, TypeError) as exc:
+        _refuse("reducescatter", name, exc, process_set, tensors, grouped)
+        raise
     kwargs = dict(name=name, op=op, process_set=process_set,
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     if grouped:
