@@ -38,3 +38,14 @@ def test_group_overhead_alone_times_the_core_only():
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert re.search(r"1 rank, 8 tensors: core [\d.]+ us\n", out) and "floor" not in out, out
+
+
+@pytest.mark.mpi
+def test_torch_submit_cost_checks_the_results_then_times_the_submissions():
+    proc = mpirun(["examples/torch/submit_cost.py", "--steps", "5"], np_=2, timeout=180,
+                  env={"OMP_NUM_THREADS": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    line = re.search(r"2 ranks, 161 tensors: submit ([\d.]+) us/tensor \(median of 5 steps\)",
+                     out)
+    assert line and float(line.group(1)) > 0, out
