@@ -96,11 +96,16 @@ class _refusal:
 
     def __exit__(self, kind, exc, tb):
         if kind is not None and issubclass(kind, (ValueError, TypeError)):
-            self.rt.queue.tell(Entry(
-                self.name, self.op, process_set_id=self.ps.process_set_id,
-                group=self.name if self.group_size else "", group_size=self.group_size,
-                rejected=f"{kind.__name__}: {exc}"))
+            _tell_refusal(self.rt, self.name, self.op, self.ps, self.group_size, exc)
         return False  # the error goes on to the caller
+
+
+def _tell_refusal(rt, name, op, ps, group_size, error):
+    """Tells the coordinator that this rank refuses operation `op` named
+    `name` (a group's base name, with its size) for `error`."""
+    rt.queue.tell(Entry(name, op, process_set_id=ps.process_set_id,
+                        group=name if group_size else "", group_size=group_size,
+                        rejected=f"{type(error).__name__}: {error}"))
 
 
 _REFUSABLE = {"allreduce": pb.ALLREDUCE, "allgather": pb.ALLGATHER,
@@ -128,7 +133,7 @@ def refuse(kind, name, error, process_set=global_process_set, group_size=0):
         ps = _process_set(process_set, rt, kind)
     except ValueError:
         return
-    _refusal(rt, name, _REFUSABLE[kind], ps, group_size).__exit__(type(error), error, None)
+    _tell_refusal(rt, name, _REFUSABLE[kind], ps, group_size, error)
 
 
 @contextlib.contextmanager

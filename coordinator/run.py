@@ -582,7 +582,6 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
             default("OMPI_MCA_mpi_ft_detector", "true")
             default("OMPI_MCA_mpi_ft_detector_thread", "false")
             default("OMPI_MCA_mpi_ft_detector_timeout", str(DETECTOR_TIMEOUT))
-        if job is not None and job.elastic:
             # Ranks spawned later on another host do not inherit what -x
             # exported: the ranks pass these on when they spawn them.
             names = sorted(set(exported) | {EXPORTED_NAMES})

@@ -177,8 +177,7 @@ class _EndWatch(_Watch):
         driver = self.driver
         with driver.cond:
             world = driver.worlds.get(driver.generation, ())
-            return bool(world) and all((driver.generation, r) in driver.outcomes
-                                       for r in range(len(world)))
+            return bool(world) and len(driver.final_outcomes()) == len(world)
 
     def _watch(self, proc):
         while not self._finished():

@@ -166,7 +166,7 @@ def _refusing(kind, op_type, name, process_set, group_size=0):
     the graph gives it, and nothing is told."""
     if not _executing_eagerly():
         return contextlib.nullcontext()
-    return _core_collectives.refusing(kind, name if name is not None else op_type, process_set,
+    return _core_collectives.refusing(kind, _op_name(op_type, None, name, False), process_set,
                                       group_size)
 
 

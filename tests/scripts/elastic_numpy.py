@@ -31,10 +31,16 @@ from coordinator.elastic import membership
 STEPS = int(os.environ.get("STEPS", "60"))
 COMMIT = int(os.environ.get("COMMIT", "5"))
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0.02"))
-KILLS = [tuple(int(v) for v in (item.split(":") + ["0"])[:3])
-         for item in os.environ.get("KILL_AT", "").split(",") if item]
-STOPS = [tuple(int(v) for v in (item.split(":") + ["0"])[:3])
-         for item in os.environ.get("STOP_AT", "").split(",") if item]
+
+
+def points(variable):
+    """The (step, rank, membership) points of a KILL_AT-like variable."""
+    return {tuple(int(v) for v in (item.split(":") + ["0"])[:3])
+            for item in os.environ.get(variable, "").split(",") if item}
+
+
+KILLS = points("KILL_AT")
+STOPS = points("STOP_AT")
 FAIL_HOST = os.environ.get("FAIL_HOST", "")
 FAIL_AFTER = int(os.environ.get("FAIL_AFTER", "3"))
 LEDGER = os.environ.get("LEDGER") == "1"
@@ -78,14 +84,13 @@ def train(state):
     started = state.step
     host = me.slot(timeout=10)[0] if FAIL_HOST else None
     while state.step < STEPS:
-        for step, rank, generation in KILLS:
-            if (state.step, hvd.rank(), me.generation) == (step, rank, generation):
-                die(f"step {step}")
-        for step, rank, generation in STOPS:
-            if (state.step, hvd.rank(), me.generation) == (step, rank, generation):
-                print(f"stopping rank {hvd.rank()} (step {step}) t={time.time():.3f}",
-                      flush=True)
-                os.kill(os.getpid(), signal.SIGSTOP)
+        now = (state.step, hvd.rank(), me.generation)
+        if now in KILLS:
+            die(f"step {state.step}")
+        if now in STOPS:
+            print(f"stopping rank {hvd.rank()} (step {state.step}) t={time.time():.3f}",
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if host == FAIL_HOST and state.step - started >= FAIL_AFTER:
             die(f"on failing host {host}")
         if FAIL_OP and (state.step, hvd.rank(), me.generation) == (*FAIL_OP, 0):
