@@ -62,7 +62,9 @@ def _runtime_for(what):
     return rt
 
 
-def _label(op, name):
+def label(op, name):
+    """How every error names an operation: its kind and, when it has one,
+    its tensor's full name. The frontends use it too."""
     return f"{op} of tensor '{name}'" if name else op
 
 
@@ -327,7 +329,7 @@ def _blocking(async_fn):
 # ----------------------------------------------------------------- allreduce
 def _allreduce_entry(rt, tensor, name, op, prescale, postscale, ps, output, group="",
                      group_size=0, what=None):
-    what = what or _label("allreduce", name)
+    what = what or label("allreduce", name)
     arr, info, device = _array(tensor, what, reducible=True)
     if op == Adasum and info.dtype.kind != "f" and info.dtype != dtypes.BFLOAT16:
         raise ValueError(f"{what}: Adasum needs a floating-point tensor, not {info.name}")
@@ -346,7 +348,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     postscale * op(prescale * tensor); Average divides by the set's size.
     With `output`, the result is written there (pass the tensor for in place)."""
     name = _name("allreduce", name)
-    what = _label("allreduce", name)
+    what = label("allreduce", name)
     rt = _runtime_for(what)
     ps = _process_set(process_set, rt, what)
     with _refusal(rt, name, pb.ALLREDUCE, ps):
@@ -363,11 +365,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     fused together) and returns one handle whose result is a list."""
     tensors = list(tensors)
     base = _name("grouped_allreduce", name)
-    rt = _runtime_for(_label("grouped_allreduce", base))
-    ps = _process_set(process_set, rt, _label("grouped_allreduce", base))
+    rt = _runtime_for(label("grouped_allreduce", base))
+    ps = _process_set(process_set, rt, label("grouped_allreduce", base))
     n = len(tensors)
     with _refusal(rt, base, pb.ALLREDUCE, ps, n):
-        op = _reduce_op(op, average, _label("grouped_allreduce", base))
+        op = _reduce_op(op, average, label("grouped_allreduce", base))
         outputs = list(outputs) if outputs is not None else [None] * n
         if len(outputs) != n:
             raise ValueError(f"grouped_allreduce '{base}': {len(outputs)} outputs for {n} "
@@ -387,7 +389,7 @@ def _member(base, i, n):
 
 # ----------------------------------------------------------------- allgather
 def _allgather_entry(tensor, name, ps, group="", group_size=0):
-    what = _label("allgather", name)
+    what = label("allgather", name)
     arr, info, device = _array(tensor, what, reducible=False)
     if arr.ndim == 0:
         raise ValueError(f"{what}: a scalar cannot be gathered; give it a first dimension")
@@ -400,8 +402,8 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's `tensor` along the first dimension
     (which may differ per rank) and returns a handle."""
     name = _name("allgather", name)
-    rt = _runtime_for(_label("allgather", name))
-    ps = _process_set(process_set, rt, _label("allgather", name))
+    rt = _runtime_for(label("allgather", name))
+    ps = _process_set(process_set, rt, label("allgather", name))
     with _refusal(rt, name, pb.ALLGATHER, ps):
         entry = _allgather_entry(tensor, name, ps)
     return _submit(rt, [entry])
@@ -411,8 +413,8 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """Starts gathering a list of tensors as one unit; the result is a list."""
     tensors = list(tensors)
     base = _name("grouped_allgather", name)
-    rt = _runtime_for(_label("grouped_allgather", base))
-    ps = _process_set(process_set, rt, _label("grouped_allgather", base))
+    rt = _runtime_for(label("grouped_allgather", base))
+    ps = _process_set(process_set, rt, label("grouped_allgather", base))
     n = len(tensors)
     with _refusal(rt, base, pb.ALLGATHER, ps, n):
         entries = [_allgather_entry(t, _member(base, i, n), ps, base, n)
@@ -426,7 +428,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     """Starts sending `tensor` from `root_rank` (a global rank) to every rank
     of `process_set` and returns a handle."""
     name = _name("broadcast", name)
-    what = _label("broadcast", name)
+    what = label("broadcast", name)
     rt = _runtime_for(what)
     ps = _process_set(process_set, rt, what)
     with _refusal(rt, name, pb.BROADCAST, ps):
@@ -446,7 +448,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     split when None) and returns a handle whose result is (output,
     received_splits)."""
     name = _name("alltoall", name)
-    what = _label("alltoall", name)
+    what = label("alltoall", name)
     rt = _runtime_for(what)
     ps = _process_set(process_set, rt, what)
     with _refusal(rt, name, pb.ALLTOALL, ps):
@@ -481,7 +483,7 @@ def _alltoall_entry(tensor, splits, name, ps, what):
 
 # ------------------------------------------------------------- reducescatter
 def _reducescatter_entry(tensor, name, op, prescale, postscale, ps, group="", group_size=0):
-    what = _label("reducescatter", name)
+    what = label("reducescatter", name)
     arr, info, device = _array(tensor, what, reducible=True)
     if arr.ndim == 0:
         raise ValueError(f"{what}: a scalar cannot be scattered; give it a first dimension")
@@ -506,7 +508,7 @@ def reducescatter_async(tensor, op=Average, name=None, process_set=global_proces
     of the first dimension (the first n % size ranks get one extra row);
     returns a handle."""
     name = _name("reducescatter", name)
-    what = _label("reducescatter", name)
+    what = label("reducescatter", name)
     rt = _runtime_for(what)
     ps = _process_set(process_set, rt, what)
     with _refusal(rt, name, pb.REDUCESCATTER, ps):
@@ -521,7 +523,7 @@ def grouped_reducescatter_async(tensors, op=Average, name=None,
     """Starts a reducescatter of a list of tensors as one unit."""
     tensors = list(tensors)
     base = _name("grouped_reducescatter", name)
-    what = _label("grouped_reducescatter", base)
+    what = label("grouped_reducescatter", base)
     rt = _runtime_for(what)
     ps = _process_set(process_set, rt, what)
     n = len(tensors)
@@ -567,7 +569,7 @@ def send_async(tensor, dest_rank, name=None, process_set=global_process_set):
     me = rt.rank
     dest = _peer(dest_rank, ps, me, "send")
     name = _p2p_name(name, me, dest, ps)
-    what = _label("send", name)
+    what = label("send", name)
     with _refusal(rt, name, pb.P2P, ps):
         arr, info, device = _array(tensor, what, reducible=False)
         entry = Entry(name, pb.P2P, tensor=arr, dtype_info=info, shape=arr.shape,

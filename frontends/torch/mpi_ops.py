@@ -36,6 +36,7 @@ from coordinator.basics import (ccl_built, cuda_built, ddl_built, gloo_built,  #
                                 gloo_enabled, mpi_built, mpi_enabled, nccl_built, rocm_built,
                                 start_timeline, stop_timeline)
 from coordinator.collectives import handle_average_backwards_compatibility
+from coordinator.collectives import label as _label
 from coordinator.errors import HorovodInternalError
 from coordinator.process_sets import ProcessSet, global_process_set
 from frontends.torch import _tensors
@@ -214,11 +215,6 @@ def _refuse(kind, name, error, process_set, tensors=(), grouped=False):
     tensor, an in-place target without shared elements) failed: the other
     ranks fail too, naming this rank, instead of waiting for it."""
     _core_collectives.refuse(kind, name, error, process_set, len(tensors) if grouped else 0)
-
-
-def _label(prefix, name):
-    """How errors name an operation: its kind and its full name."""
-    return f"{prefix} of tensor '{name}'"
 
 
 def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
