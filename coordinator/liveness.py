@@ -21,6 +21,7 @@ answering") rather than only the rank that exited first.
 import collections
 import os
 import select
+import signal
 import socket
 import threading
 
@@ -42,6 +43,43 @@ def host_identity():
     except OSError:
         ns = 0
     return f"{boot}:{ns}"
+
+
+def process_start(pid):
+    """When process `pid` started, in clock ticks after boot (the 22nd field
+    of /proc/<pid>/stat), or None where there is no such process (or no
+    /proc). With the pid it names one process: a pid alone may be reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def end_process(pid, start):
+    """SIGKILLs process `pid` if it is still the one that started at `start`
+    (never this process). Returns whether the signal went. Through a pidfd
+    where there is one, so the pid cannot be reused between the check and
+    the signal."""
+    if pid == os.getpid() or start is None:
+        return False
+    fd = None
+    try:
+        if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+            fd = os.pidfd_open(pid)
+        if process_start(pid) != start:
+            return False
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        return True
+    except OSError:  # gone already, or not ours to end
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 class PeerMonitor:

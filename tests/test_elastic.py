@@ -214,6 +214,135 @@ def test_watch_streams_changes_after_the_membership_formed():
     assert got == [(1, hosts.ADDED)]
 
 
+# -------------------------------------------- silent (stopped) workers
+
+@pytest.fixture
+def sleeper():
+    """A process to stand for a stopped worker: (pid, start time)."""
+    from coordinator import liveness
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc, liveness.process_start(proc.pid)
+    proc.kill()
+    proc.wait()
+
+
+def _silent_driver(clock, identity, pid, start, limit=30.0):
+    d = ElasticDriver(manager({"a": 1, "b": 1, "c": 1}), min_np=1, clock=clock)
+    d.start_world()
+    d.silence_limit = limit
+    for rank in range(3):
+        d.register(0, rank, 3, 100 + rank, "other-machine", 5)
+    d.register(0, 2, 3, pid, identity, start)
+    return d
+
+
+def test_a_silent_worker_on_the_drivers_machine_is_ended_by_the_driver(sleeper):
+    """Rank 2 stops sending heartbeats: after silence_limit (ULFM's detector
+    timeout under coordrun) the driver ends it, since it runs on its own
+    machine, and names it to the others too."""
+    proc, start = sleeper
+    clock = Clock()
+    d = _silent_driver(clock, None, proc.pid, start)
+    d.processes[(0, 2)] = (d.identity, proc.pid, start)
+    clock.now += 20
+    for rank in (0, 1):
+        d.heartbeat(0, rank)
+    d._check_heartbeats()
+    assert proc.poll() is None and d.to_end() == []  # 20 s: not yet
+    clock.now += 11
+    d._check_heartbeats()
+    assert proc.wait(10) == -9
+    assert d.to_end() == [(0, 2, d.identity, proc.pid, start)]
+    assert d.stop_reason is None
+    # The others re-form without it: it is neither waited for nor named.
+    plan = d.reform(0, [0, 1], failure=True)
+    clock.now += 60
+    for rank in (0, 1):
+        d.heartbeat(plan.generation, rank)
+    d._check_heartbeats()
+    assert d.to_end() == [] and d.stop_reason is None
+
+
+def test_a_silent_worker_nobody_can_end_stops_the_job_saying_so(sleeper):
+    """On another machine, where no worker ends it (none shares it), the
+    driver stops the job END_WAIT s after asking, instead of leaving the
+    others waiting for it for ever. A process with the same pid that started
+    at another time is never ended."""
+    from coordinator.elastic import driver as drivermod
+
+    proc, start = sleeper
+    clock = Clock()
+    d = _silent_driver(clock, "other-machine", proc.pid, start)
+    d.processes[(0, 0)] = (d.identity, proc.pid, start + 1)  # not that process
+    clock.now += 31
+    d._check_heartbeats()
+    assert sorted(k[:2] for k in d.to_end()) == [(0, 0), (0, 1), (0, 2)]
+    clock.now += drivermod.END_WAIT - 1
+    for rank in (0, 1):
+        d.heartbeat(0, rank)
+    d._check_heartbeats()
+    assert proc.poll() is None and d.stop_reason is None
+    assert [k[:2] for k in d.to_end()] == [(0, 2)]  # the others spoke up
+    clock.now += 2
+    d._check_heartbeats()
+    assert proc.poll() is None
+    assert d.stop_reason == ("rank 2 (c[0]) of membership 0 has sent no heartbeat for 47 s "
+                             "(stopped, or hung) and no process on its machine ended it, so "
+                             "the other workers cannot re-form without it")
+
+
+def test_without_a_silence_limit_silence_is_only_reported(sleeper, caplog):
+    proc, start = sleeper
+    clock = Clock()
+    d = _silent_driver(clock, None, proc.pid, start, limit=None)
+    d.processes[(0, 2)] = (d.identity, proc.pid, start)
+    clock.now += 100
+    with caplog.at_level(logging.WARNING, logger="coordinator.elastic"):
+        d._check_heartbeats()
+        d._check_heartbeats()  # once per HEARTBEAT_LOST
+    assert proc.poll() is None and d.to_end() == [] and d.stop_reason is None
+    assert [r.getMessage() for r in caplog.records].count(
+        "driver: no heartbeat from rank 2 (c[0]) for 100 s") == 1
+
+
+def test_a_worker_ends_the_silent_workers_on_its_machine_only(sleeper):
+    """The heartbeat's reply names the workers the driver wants ended; an
+    agent ends those that share its machine and PID namespace (once), and
+    leaves the others."""
+    from coordinator.elastic import worker
+
+    proc, start = sleeper
+
+    class Client:
+        def __init__(self):
+            self.end = []
+
+        def register(self, *args):
+            return ("a", 0)
+
+        def heartbeat(self, generation, rank, timeout=None):
+            return dpb.HeartbeatReply(hosts_version=0, end=self.end)
+
+    client = Client()
+    agent = worker.Agent(client)
+    try:
+        agent.follow(0, 1, 3)
+        assert agent.wait_slot(0, 10) == ("a", 0)
+        client.end = [
+            dpb.Process(generation=0, rank=2, host_identity="elsewhere", pid=proc.pid,
+                        start_time=start),
+            dpb.Process(generation=0, rank=2, host_identity=agent.identity, pid=proc.pid,
+                        start_time=start + 1)]
+        time.sleep(2.5 * worker.HEARTBEAT_PERIOD)
+        assert proc.poll() is None
+        client.end.append(dpb.Process(generation=0, rank=2, host_identity=agent.identity,
+                                      pid=proc.pid, start_time=start))
+        assert proc.wait(3 * worker.HEARTBEAT_PERIOD) == -9
+    finally:
+        agent.stop()
+
+
 @pytest.mark.parametrize("call", [
     lambda d: d.register(7, 0, 1, 1), lambda d: d.register(0, 5, 1, 1),
     lambda d: d.register(0, 0, 9, 1), lambda d: d.reform(0, [], True),
@@ -363,7 +492,7 @@ def test_fuzz_ten_thousand_malformed_requests_then_a_valid_one(served):
     assert seen[grpc.StatusCode.UNAUTHENTICATED] >= 900  # the unsigned tenth
     client = service.DriverClient(address, SECRET)
     assert client.register(0, 0, 3, 1234) == ("a", 0)
-    assert client.heartbeat(0, 0) >= 0
+    assert client.heartbeat(0, 0).hosts_version >= 0
 
 
 # ------------------------------------------------------ states and the loop

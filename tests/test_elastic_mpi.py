@@ -255,7 +255,34 @@ def test_a_stopped_worker_is_taken_for_lost_and_the_job_finishes_without_it(tmp_
     assert "stopping rank 1 (step 15)" in out and "membership 1: 2 kept" in err, err[-3000:]
     done = re.findall(r"^done rank (\d) size 2 step 60 total (\S+)$", out, re.MULTILINE)
     assert len(done) == 2 and len({total for _, total in done}) == 1, out[-2000:]
+    # ULFM's detector took it for failed (the driver would have ended it
+    # SILENCE_MARGIN later): coordrun ends it at the end.
     assert "yet mpirun still waits for processes of earlier memberships" in err, err[-3000:]
+    assert "has sent no heartbeat" not in err, err[-3000:]
+
+
+def test_a_stopped_worker_spawned_later_is_ended_and_the_job_finishes_without_it(tmp_path):
+    """ULFM's detector watches only the ranks mpirun started: a worker spawned
+    later (here into membership 2, after a loss) that is SIGSTOPped goes
+    silent to the driver instead, which ends it (it runs on the driver's
+    machine) a few heartbeats after ULFM's detector timeout, and the other
+    finishes without it. Before, the other waited for it for ever."""
+    script, _ = discovery(tmp_path, HOSTS)
+    started = time.monotonic()
+    rc, out, err = coordrun(["-np", "2", "--min-np", "1", "--max-np", "2",
+                             "--host-discovery-script", script], "elastic_numpy.py",
+                            env={"KILL_AT": "10:1:0", "STOP_AT": "60:1:2", "STEPS": "150",
+                                 "OMPI_MCA_mpi_ft_detector_timeout": "8"}, timeout=150)
+    assert rc == 0, err[-3000:]
+    assert "membership 2: 1 kept, 0 leave, 1 new" in err, err[-3000:]
+    assert "stopping rank 1 (step 60)" in out, out[-2000:]
+    assert re.search(r"driver: rank 1 \(\S+\[0\]\) has sent no heartbeat for \d+ s \(stopped, "
+                     r"or hung\): ending it, so that the others re-form without it", err), \
+        err[-3000:]
+    assert "membership 3: 1 kept" in err, err[-3000:]
+    assert re.findall(r"^done rank (\d) size (\d) step 150", out, re.MULTILINE) == [("0", "1")], \
+        out[-2000:]
+    assert time.monotonic() - started < 120
 
 
 def test_when_the_last_worker_is_lost_the_job_ends_saying_so(tmp_path):

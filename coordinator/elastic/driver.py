@@ -22,6 +22,13 @@ do.
   the hosts the job should use differ from the hosts it uses, the workers
   watching for changes get a notice (HostsUpdatedInterrupt at their next
   commit).
+- Every worker sends a heartbeat. One of the current membership silent for
+  `silence_limit` seconds (SIGSTOPped, or hung) is ended (SIGKILL) by the
+  driver or by a worker on its machine (heartbeat replies name it), so that
+  MPI sees it fail and the others re-form without it: ULFM's own detector
+  watches only the ranks mpirun started, not those spawned later. Where no
+  process on its machine ends it within END_WAIT, the driver stops the job
+  saying so, rather than leave the others waiting for it.
 """
 
 import dataclasses
@@ -30,6 +37,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from coordinator import liveness
 from coordinator.elastic.hosts import ADDED, NO_UPDATE, REMOVED, HostManager
 
 log = logging.getLogger("coordinator.elastic")
@@ -39,6 +47,9 @@ DEFAULT_ELASTIC_TIMEOUT = 600.0
 # A worker silent for this many seconds is reported as lost (heartbeats come
 # every worker.HEARTBEAT_PERIOD).
 HEARTBEAT_LOST = 15.0
+# How long after asking for a silent worker's end the driver waits for the
+# others to re-form without it before it stops the job.
+END_WAIT = 15.0
 
 Slot = Tuple[str, int]
 
@@ -117,7 +128,16 @@ class ElasticDriver:
         self.notices: List[Tuple[int, int]] = []  # (version, update bits)
         self.stop_reason: Optional[str] = None
         self.registered: Dict[Tuple[int, int], int] = {}  # (generation, rank) -> pid
+        # (generation, rank) -> (host identity, pid, start time), as registered
+        self.processes: Dict[Tuple[int, int], Tuple[str, int, int]] = {}
         self.heard: Dict[Tuple[int, int], float] = {}
+        # Seconds without a heartbeat after which a worker of the current
+        # membership is ended (coordrun: ULFM's detector timeout, for an
+        # elastic job); None: silence is only reported.
+        self.silence_limit: Optional[float] = None
+        self.ending: Dict[Tuple[int, int], float] = {}  # -> when its end was asked
+        self._warned: Dict[Tuple[int, int], float] = {}
+        self.identity = liveness.host_identity()
         self.outcomes: Dict[Tuple[int, int], Outcome] = {}
         self.task = b""  # coordinator.run's pickled function
         self.environment = {}  # what coordrun exported to the first workers
@@ -207,13 +227,16 @@ class ElasticDriver:
                                  f"{len(world)} workers")
         return world[rank]
 
-    def register(self, generation: int, rank: int, size: int, pid: int) -> Slot:
+    def register(self, generation: int, rank: int, size: int, pid: int, identity: str = "",
+                 start: int = 0) -> Slot:
         with self.cond:
             slot = self._slot(generation, rank)
             if size != len(self.worlds[generation]):
                 raise InvalidRequest(f"membership {generation} has "
                                      f"{len(self.worlds[generation])} workers, not {size}")
             self.registered[(generation, rank)] = pid
+            if identity and start:
+                self.processes[(generation, rank)] = (identity, pid, start)
             self.heard[(generation, rank)] = self.clock()
             self.cond.notify_all()
             return slot
@@ -222,7 +245,16 @@ class ElasticDriver:
         with self.cond:
             self._slot(generation, rank)
             self.heard[(generation, rank)] = self.clock()
+            self.ending.pop((generation, rank), None)  # not silent after all
             return self.hosts_version
+
+    def to_end(self) -> List[Tuple[int, int, str, int, int]]:
+        """The silent workers whose end the driver asked for and that are
+        still silent: (generation, rank, host identity, pid, start time)."""
+        with self.cond:
+            return [key + self.processes[key] for key in self.ending
+                    if key[0] == self.generation and key in self.heard
+                    and key in self.processes]
 
     def finish(self, generation: int, rank: int, outcome: Outcome):
         with self.cond:
@@ -263,6 +295,9 @@ class ElasticDriver:
                 raise InvalidRequest(f"survivors {bad} are not ranks of membership "
                                      f"{generation} of {len(world)} workers")
             lost = [world[r] for r in range(len(world)) if r not in set(survivors)]
+            for r in range(len(world)):
+                if r not in set(survivors):  # no longer heard from, nor waited for
+                    self.heard.pop((generation, r), None)
             self.lost_any = self.lost_any or bool(lost)
             for host, index in lost:
                 self._note(f"lost the worker on {host}[{index}]", important=True)
@@ -364,13 +399,39 @@ class ElasticDriver:
 
     def _check_heartbeats(self):
         now = self.clock()
+        asked = []
         with self.cond:
             for key, when in list(self.heard.items()):
-                if key[0] == self.generation and now - when > HEARTBEAT_LOST:
-                    slot = self.worlds[key[0]][key[1]]
-                    log.warning("driver: no heartbeat from rank %d (%s[%d]) for %.0f s",
-                                key[1], slot[0], slot[1], now - when)
-                    self.heard[key] = now
+                if key[0] != self.generation:
+                    continue
+                silent = now - when
+                host, index = self.worlds[key[0]][key[1]]
+                who = f"rank {key[1]} ({host}[{index}])"
+                if self.silence_limit is None or silent <= self.silence_limit:
+                    if silent > HEARTBEAT_LOST and \
+                            now - self._warned.get(key, now - HEARTBEAT_LOST) >= HEARTBEAT_LOST:
+                        log.warning("driver: no heartbeat from %s for %.0f s", who, silent)
+                        self._warned[key] = now
+                elif key not in self.ending:
+                    self.ending[key] = now
+                    asked.append(key)
+                    log.warning("driver: %s has sent no heartbeat for %.0f s (stopped, or "
+                                "hung): ending it, so that the others re-form without it",
+                                who, silent)
+                elif now - self.ending[key] > END_WAIT:
+                    self._stop_locked(
+                        f"{who} of membership {key[0]} has sent no heartbeat for {silent:.0f} s "
+                        "(stopped, or hung) and no process on its machine ended it, so the "
+                        "other workers cannot re-form without it")
+        for key in asked:
+            self._end_here(key)
+
+    def _end_here(self, key):
+        """Ends a silent worker that runs on the driver's own machine (the
+        others learn of the rest from their heartbeats' replies)."""
+        identity, pid, start = self.processes.get(key, ("", 0, 0))
+        if identity == self.identity and liveness.end_process(pid, start):
+            log.warning("driver: ended pid %d (rank %d of membership %d)", pid, key[1], key[0])
 
     # ------------------------------------------------------------- results
     def final_outcomes(self) -> Dict[int, Outcome]:

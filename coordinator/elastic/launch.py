@@ -21,6 +21,7 @@ from coordinator.elastic import auth, hosts as hostlib, service, worker
 from coordinator.elastic.driver import DEFAULT_ELASTIC_TIMEOUT, ElasticDriver, JobStopped
 
 START_TIMEOUT = 30.0
+SILENCE_MARGIN = 3 * worker.HEARTBEAT_PERIOD
 log = logging.getLogger("coordinator.elastic")
 
 
@@ -85,6 +86,13 @@ def launch(args, launcher, environ, driver, command, elastic=True):
         return runmod.USAGE_ERROR, str(exc)
     names = env.get(runmod.EXPORTED_NAMES, "").split(",")
     driver.environment = {n: env[n] for n in names if n in env}
+    if elastic:
+        # ULFM's detector does not watch workers spawned later: the driver
+        # ends a silent one a few heartbeats after the detector would have
+        # declared it failed, so that for those mpirun started the detector
+        # comes first, as before.
+        driver.silence_limit = float(env.get("OMPI_MCA_mpi_ft_detector_timeout",
+                                             runmod.DETECTOR_TIMEOUT)) + SILENCE_MARGIN
     if args.verbose:
         runmod.print_command(argv, env, hide=(auth.SECRET_ENV,))
     if elastic:
@@ -165,7 +173,9 @@ class _EndWatch(_Watch):
     """Ends mpirun when every worker of the last membership has reported its
     end and mpirun still runs END_GRACE seconds later: it waits for a worker
     an earlier membership lost that never exited (stopped, or hung, and
-    declared failed by ULFM's detector), which would keep the job for ever."""
+    declared failed by ULFM's detector), which would keep the job for ever.
+    Likewise END_GRACE seconds after the driver stopped the job: workers
+    that wait for a silent one never learn of it."""
 
     thread_name = "coordinator-end-watch"
 
@@ -180,15 +190,19 @@ class _EndWatch(_Watch):
             return bool(world) and len(driver.final_outcomes()) == len(world)
 
     def _watch(self, proc):
-        while not self._finished():
+        while not (self._finished() or self.driver.stop_reason):
             if self.done.wait(1.0) or proc.poll() is not None:
                 return
         if self.done.wait(self.grace) or proc.poll() is not None:
             return
-        log.warning("driver: every worker of membership %d reported its end %g s ago, yet "
-                    "mpirun still waits for processes of earlier memberships (workers lost "
-                    "without exiting: stopped or hung); ending them", self.driver.generation,
-                    self.grace)
+        if self._finished():
+            log.warning("driver: every worker of membership %d reported its end %g s ago, yet "
+                        "mpirun still waits for processes of earlier memberships (workers lost "
+                        "without exiting: stopped or hung); ending them",
+                        self.driver.generation, self.grace)
+        else:
+            log.warning("driver: the job was stopped %g s ago and mpirun still runs; ending "
+                        "it", self.grace)
         proc.terminate()
 
 

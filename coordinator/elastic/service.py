@@ -47,7 +47,8 @@ class DriverService(dgrpc.ElasticDriverServicer):
             host, index = self.driver.register(
                 _uint(request.generation, "generation", 1 << 62),
                 _uint(request.rank, "rank"), _uint(request.size, "size"),
-                _uint(request.pid, "pid"))
+                _uint(request.pid, "pid"), request.host_identity[:256],
+                int(request.start_time))
             return dpb.RegisterReply(slot=dpb.Slot(host=host, slot=index))
         return self._call(context, run)
 
@@ -55,7 +56,9 @@ class DriverService(dgrpc.ElasticDriverServicer):
         def run():
             version = self.driver.heartbeat(_uint(request.generation, "generation", 1 << 62),
                                             _uint(request.rank, "rank"))
-            return dpb.HeartbeatReply(hosts_version=version)
+            return dpb.HeartbeatReply(hosts_version=version, end=[
+                dpb.Process(generation=g, rank=r, host_identity=i, pid=p, start_time=t)
+                for g, r, i, p, t in self.driver.to_end()])
         return self._call(context, run)
 
     def WatchHosts(self, request, context):
@@ -188,14 +191,17 @@ class DriverClient:
                                               auth.ClientAuth(secret))
         self.stub = dgrpc.ElasticDriverStub(self.channel)
 
-    def register(self, generation, rank, size, pid):
+    def register(self, generation, rank, size, pid, identity="", start=0):
         reply = self.stub.Register(dpb.RegisterRequest(
-            generation=generation, rank=rank, size=size, pid=pid), timeout=self.timeout)
+            generation=generation, rank=rank, size=size, pid=pid, host_identity=identity,
+            start_time=start), timeout=self.timeout)
         return reply.slot.host, reply.slot.slot
 
     def heartbeat(self, generation, rank, timeout=None):
+        """The driver's HeartbeatReply: its hosts version, and the silent
+        workers it wants ended."""
         return self.stub.Heartbeat(dpb.HeartbeatRequest(generation=generation, rank=rank),
-                                   timeout=timeout or self.timeout).hosts_version
+                                   timeout=timeout or self.timeout)
 
     def watch(self, generation, rank):
         """The stream of host changes (an iterator of HostsUpdate; cancel()

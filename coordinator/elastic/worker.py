@@ -3,7 +3,8 @@
 coordrun's elastic mode sets $COORDINATOR_ELASTIC=1 and gives every worker
 the driver's address and the job's secret in its environment. One daemon
 thread per worker (`Agent`) registers the worker in each membership and
-sends a heartbeat every HEARTBEAT_PERIOD; on rank 0 a second thread holds
+sends a heartbeat every HEARTBEAT_PERIOD (and ends, on this machine, a
+silent worker the reply names: see driver.py); on rank 0 a second thread holds
 the driver's stream of host changes and hands each to the
 `notification_manager`, which passes it to the registered states (their
 next `commit()` or `check_host_updates()` raises HostsUpdatedInterrupt on
@@ -14,6 +15,8 @@ Nothing here is on the training path: the threads sleep between calls.
 import logging
 import os
 import threading
+
+from coordinator import liveness
 
 log = logging.getLogger("coordinator.elastic")
 
@@ -83,6 +86,9 @@ class Agent:
         self._finished = False
         self.slot = None  # (host, index) the driver placed this worker on
         self._registered_for = None  # the membership `slot` belongs to
+        self.identity = liveness.host_identity()
+        self.start = liveness.process_start(os.getpid()) or 0
+        self._ended = set()  # (pid, start time) of the silent workers ended here
         self._thread = threading.Thread(target=self._beat, daemon=True,
                                         name="coordinator-elastic-agent")
         self._thread.start()
@@ -109,19 +115,34 @@ class Agent:
             try:
                 if current is not None and current != registered:
                     slot = self.client.register(current[0], current[1], current[2],
-                                                os.getpid())
+                                                os.getpid(), self.identity, self.start)
                     with self._cond:
                         self.slot = slot
                         self._registered_for = current[0]
                         registered = current
                         self._cond.notify_all()
                 elif current is not None:
-                    self.client.heartbeat(current[0], current[1], timeout=HEARTBEAT_PERIOD)
+                    reply = self.client.heartbeat(current[0], current[1],
+                                                  timeout=HEARTBEAT_PERIOD)
+                    for process in reply.end:
+                        self._end(process)
             except Exception as exc:  # the driver may be busy or gone; try again later
                 log.debug("elastic agent: %s", exc)
             with self._cond:
                 if not self._stopped and self._current == current:
                     self._cond.wait(HEARTBEAT_PERIOD)
+
+    def _end(self, process):
+        """Ends a silent worker the driver named, if it runs on this machine
+        (in this PID namespace); once."""
+        key = (process.pid, process.start_time)
+        if process.host_identity != self.identity or key in self._ended:
+            return
+        self._ended.add(key)
+        if liveness.end_process(process.pid, process.start_time):
+            log.warning("elastic: ended pid %d (rank %d of membership %d), which the driver "
+                        "has not heard from for too long (stopped, or hung)", process.pid,
+                        process.rank, process.generation)
 
     def wait_slot(self, generation, timeout=30.0):
         """(host, index) of this worker in membership `generation`, once
