@@ -282,10 +282,10 @@ class Background:
                 self.controller.register_process_set(pid, ranks)
             self._evict_seq = [0] * self.size
             self.watchdog = Watchdog(0, cfg.stall_check_time, cfg.stall_shutdown_time,
-                                     cfg.stall_check_disable)
+                                     cfg.stall_check_disable, silence=cfg.silent_rank_time)
         else:
             self.watch = CoordinatorWatch(cfg.stall_check_time, cfg.stall_shutdown_time,
-                                          cfg.stall_check_disable)
+                                          cfg.stall_check_disable, silence=cfg.silent_rank_time)
         self.autotuner = None
         if self.is_coordinator and self.config.autotune:
             from coordinator.autotune import Autotuner

@@ -78,6 +78,11 @@ class Config:
     stall_check_disable: bool = False
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
+    # COORDINATOR_SILENT_RANK_SECONDS: a rank whose coordinator leaves rank
+    # 0's pings unanswered this long while a collective it is part of is in
+    # flight (stopped, or its thread cannot run) fails the job with a
+    # StallError on every rank, stall shutdown time or not. 0: only warn.
+    silent_rank_time: float = 120.0
     log_level: str = "warning"
     log_hide_time: bool = False
     hierarchical_allreduce: bool = False
@@ -143,6 +148,8 @@ class Config:
                                      cls.stall_check_time, float, 0.0),
             stall_shutdown_time=_number(env, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                                         cls.stall_shutdown_time, float, 0.0),
+            silent_rank_time=_number(env, "COORDINATOR_SILENT_RANK_SECONDS",
+                                     cls.silent_rank_time, float, 0.0),
             log_level=level,
             log_hide_time=_bool(env, "HOROVOD_LOG_HIDE_TIME", False),
             hierarchical_allreduce=_bool(env, "HOROVOD_HIERARCHICAL_ALLREDUCE", False),

@@ -15,8 +15,10 @@ something is in flight (an idle job sends nothing):
   has not heard from within `period`. Every rank answers a ping at once,
   whatever it is doing.
 - A member that leaves pings unanswered for `check_time` is named in a
-  warning; after `shutdown_time` the job fails with a StallError on every
-  rank that can still hear rank 0.
+  warning; after `shutdown_time`, or `silence` (COORDINATOR_SILENT_RANK_SECONDS,
+  which holds without a stall shutdown time: a rank that does not answer is
+  stopped, not slow), the job fails with a StallError on every rank that
+  can still hear rank 0.
 - A worker whose reports rank 0 leaves unanswered for those times warns, then
   fails, naming rank 0.
 - A member that answers but never starts a collective the others are in
@@ -25,9 +27,9 @@ something is in flight (an idle job sends nothing):
   each counts them; reports carry the counts, and an operation's place in
   that order. A member whose count stays below the place of an operation
   others have had in flight for `check_time` has not started it; after
-  `shutdown_time` the job fails.
+  `shutdown_time` (or `silence`) the job fails.
 
-`period` is a quarter of the shorter of the two times, at most 1 s. The
+`period` is a quarter of the shortest of the times, at most 1 s. The
 classes here are plain Python with an injectable clock; background.py sends
 and receives the messages.
 """
@@ -40,12 +42,24 @@ MAX_PERIOD = 1.0
 MIN_PERIOD = 0.05
 
 
-def watch_period(check_time, shutdown_time, disabled=False):
+def watch_period(check_time, shutdown_time, disabled=False, silence=0.0):
     """Seconds between reports and pings, or None when stall checks are off."""
-    times = [t for t in (check_time, shutdown_time) if t > 0]
+    times = [t for t in (check_time, shutdown_time, silence) if t > 0]
     if disabled or not times:
         return None
     return max(MIN_PERIOD, min(MAX_PERIOD, min(times) / 4))
+
+
+def _fatal(text, silent, shutdown_time, silence):
+    """The StallError's text once `silent` has reached the stall shutdown
+    time or the silence limit (whichever is set and shorter), else None."""
+    limits = [(t, why) for t, why in (
+        (shutdown_time, "the stall shutdown time of {:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)"),
+        (silence, "{:g} s (COORDINATOR_SILENT_RANK_SECONDS)")) if t > 0]
+    for limit, why in sorted(limits, key=lambda item: item[0]):
+        if silent >= limit:
+            return f"Stalled{text}; failed after {why.format(limit)}"
+    return None
 
 
 def _what(pset, name, op):
@@ -89,11 +103,13 @@ class InFlightOp:
 class Watchdog:
     """Rank 0's side: which members of in-flight collectives stopped answering."""
 
-    def __init__(self, rank, check_time, shutdown_time, disabled=False, clock=time.monotonic):
+    def __init__(self, rank, check_time, shutdown_time, disabled=False, clock=time.monotonic,
+                 silence=0.0):
         self.rank = rank
         self.check_time = check_time
         self.shutdown_time = shutdown_time
-        self.period = watch_period(check_time, shutdown_time, disabled)
+        self.silence = silence
+        self.period = watch_period(check_time, shutdown_time, disabled, silence)
         self.clock = clock
         self._heard = {}  # rank -> when rank 0 last heard from it
         self._silent_since = {}  # rank -> first ping it has not answered
@@ -183,10 +199,9 @@ class Watchdog:
             op, silent = max(items, key=lambda item: (not item[0].name.startswith("("),
                                                       now - item[0].started))
             text = describe(rank, op, silent, now)
-            if self.shutdown_time > 0 and silent >= self.shutdown_time:
-                fatal = fatal or (f"Stalled {text}; failed after the stall shutdown time of "
-                                  f"{self.shutdown_time:g} s "
-                                  "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+            ends = _fatal(" " + text, silent, self.shutdown_time, self.silence)
+            if ends:
+                fatal = fatal or ends
             elif self.check_time > 0 and silent >= self.check_time:
                 last = self._warned.get(rank)
                 if last is None or now - last >= self.check_time:
@@ -265,10 +280,12 @@ class Watchdog:
 class CoordinatorWatch:
     """A worker's side: reports while busy, and notices rank 0 going silent."""
 
-    def __init__(self, check_time, shutdown_time, disabled=False, clock=time.monotonic):
+    def __init__(self, check_time, shutdown_time, disabled=False, clock=time.monotonic,
+                 silence=0.0):
         self.check_time = check_time
         self.shutdown_time = shutdown_time
-        self.period = watch_period(check_time, shutdown_time, disabled)
+        self.silence = silence
+        self.period = watch_period(check_time, shutdown_time, disabled, silence)
         self.clock = clock
         self._busy_since = None
         self._last_report = None
@@ -319,9 +336,9 @@ class CoordinatorWatch:
         text = (f"rank 0 (the coordinator) has not answered for {silent:.1f} s while "
                 f"{waiting_for} was in flight (rank 0 is stopped, or its coordinator thread "
                 "cannot run)")
-        if self.shutdown_time > 0 and silent >= self.shutdown_time:
-            return None, (f"Stalled: {text}; failed after the stall shutdown time of "
-                          f"{self.shutdown_time:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+        ends = _fatal(": " + text, silent, self.shutdown_time, self.silence)
+        if ends:
+            return None, ends
         if self.check_time > 0 and silent >= self.check_time:
             if self._warned is None or now - self._warned >= self.check_time:
                 self._warned = now

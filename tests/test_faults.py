@@ -68,6 +68,28 @@ def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["collective", "between"])
+def test_without_a_stall_shutdown_time_a_stopped_rank_fails_after_the_silence_limit(mode):
+    """Horovod's defaults (no stall shutdown time): a rank that does not
+    answer is stopped, not slow, so after COORDINATOR_SILENT_RANK_SECONDS
+    (120 s by default, 5 here) every rank gets the StallError naming it,
+    where the job used to warn for ever."""
+    proc = mpirun(["tests/scripts/stopped_rank.py", mode, "1", "9"], np_=2,
+                  env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2",
+                       "COORDINATOR_SILENT_RANK_SECONDS": "5"}, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert "rank 1 has not answered" in out, out
+    for rank in range(2):
+        (line,) = _lines(out, f"RANK {rank}: StallError")
+        assert "(COORDINATOR_SILENT_RANK_SECONDS)" in line, line
+    (line0,) = _lines(out, "RANK 0: StallError")
+    assert "rank 1 has not answered" in line0, line0
+    waited = float(line0.split(" after ")[1].split(" s")[0])
+    assert 4.0 <= waited <= 20.0, line0
+    assert "finished" not in out
+
+
+@pytest.mark.mpi
 def test_a_rank_stopped_between_steps_becomes_a_stall_error_on_every_rank():
     """SIGSTOP between two steps: the others wait in the negotiation cycle,
     which the stopped rank can never finish, so it is named the same way."""

@@ -202,3 +202,48 @@ def test_send_recvs_are_counted_per_pair():
                            positions=started, own_positions={PAIR_LANE: 3, LANE: 9},
                            running=())
     assert warnings == [] and fatal is None
+
+
+def test_a_silent_member_fails_the_job_after_the_silence_limit_without_a_shutdown_time():
+    """No stall shutdown time (Horovod's default): a member that does not
+    answer is stopped, not slow, so after COORDINATOR_SILENT_RANK_SECONDS the
+    job fails all the same, naming it; until then it is only warned about."""
+    clock = Clock()
+    dog = Watchdog(0, CHECK, 0.0, clock=clock, silence=8.0)
+    own = _own(clock.now)
+    warnings, fatal = _run(dog, clock, clock.now + 7.5, own, answers=(2,))
+    assert fatal is None and warnings and all("rank 1 has not answered" in w for w in warnings)
+    warnings, fatal = _run(dog, clock, clock.now + 2, own, answers=(2,))
+    assert fatal is not None and "rank 1 has not answered for 8.0 s" in fatal, fatal
+    assert fatal.endswith("failed after 8 s (COORDINATOR_SILENT_RANK_SECONDS)"), fatal
+
+
+def test_the_shorter_of_the_shutdown_time_and_the_silence_limit_ends_it():
+    clock = Clock()
+    dog = Watchdog(0, CHECK, SHUTDOWN, clock=clock, silence=60.0)
+    _, fatal = _run(dog, clock, clock.now + 10, _own(clock.now), answers=(2,))
+    assert fatal.endswith("stall shutdown time of 5 s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+
+
+def test_without_either_limit_a_silent_member_is_only_warned_about():
+    clock = Clock()
+    dog = Watchdog(0, CHECK, 0.0, clock=clock, silence=0.0)
+    warnings, fatal = _run(dog, clock, clock.now + 30, _own(clock.now), answers=(2,))
+    assert fatal is None and len(warnings) >= 10
+
+
+def test_a_worker_fails_when_rank_0_stays_silent_past_the_silence_limit():
+    from coordinator.watchdog import CoordinatorWatch
+
+    clock = Clock()
+    watch = CoordinatorWatch(CHECK, 0.0, clock=clock, silence=8.0)
+    said, fatal = [], None
+    while fatal is None and clock.now < 130:
+        if watch.report_due(busy=True):
+            watch.sent_report(listed_ops=True)
+        text, fatal = watch.inspect("allreduce of tensor 'grad'")
+        said += [text] if text else []
+        clock.now += 0.25
+    assert said and "rank 0 (the coordinator) has not answered" in said[0]
+    assert fatal.startswith("Stalled: rank 0 (the coordinator) has not answered for 8.0 s")
+    assert fatal.endswith("(COORDINATOR_SILENT_RANK_SECONDS)") and clock.now < 111, fatal
