@@ -17,6 +17,7 @@ import ctypes
 import os
 import struct
 import subprocess
+import tempfile
 import time
 import types
 
@@ -408,10 +409,10 @@ class FakeNccl:
                 then()
 
     def NcclCommunicator(self, size, uid, rank):
-        """Over every rank, or over a group whose members share `uid`: then
-        every rank of the world must be making one at the same time (as the
-        host-aware allreduce's host and cross-host groups are). Like NCCL's,
-        it returns only once every member has made it (a barrier)."""
+        """Over every rank, or over a group whose members share `uid` (only
+        they take part: a process set's, or the host-aware allreduce's host
+        and cross-host groups). Like NCCL's, it returns only once every
+        member has made it (a barrier)."""
         assert len(uid) == 128
         uid = self._id_in(uid)
         if size == self.comm.size:
@@ -419,9 +420,37 @@ class FakeNccl:
             self.comm.Barrier()
             return _FakeNcclComm(self, self.comm)
         founder, count = struct.unpack("<ii", bytes(uid[:8]))
-        comm = self.comm.Split(founder * 4096 + count, rank)
+        members = self._meet(f"{founder}.{count}", size, rank)
+        group = self.comm.Get_group().Incl(members)
+        comm = self.comm.Create_group(group, tag=(founder * 4096 + count) % 30000)
+        group.Free()
         assert comm.size == size and comm.rank == rank, (comm.size, size, comm.rank, rank)
         return _FakeNcclComm(self, comm)
+
+    def _meet(self, key, size, rank):
+        """The world ranks of a communicator's members, by their rank in it:
+        each leaves its world rank in a file of the job's (NCCL's members
+        meet through the unique id alone, so no collective over the world
+        may be used here), then waits for the others'."""
+        job = "".join(c if c.isalnum() else "_" for c in os.environ.get("PMIX_NAMESPACE", "solo"))
+        directory = os.path.join(tempfile.gettempdir(), f"fake-nccl-{job}")
+        os.makedirs(directory, exist_ok=True)
+        mine = os.path.join(directory, f"{key}.{rank}")
+        with open(mine + ".tmp", "w") as f:
+            f.write(str(self.comm.rank))
+        os.replace(mine + ".tmp", mine)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ranks = []
+                for r in range(size):
+                    with open(os.path.join(directory, f"{key}.{r}")) as f:
+                        ranks.append(int(f.read()))
+                return ranks
+            except (OSError, ValueError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"fake NCCL: members of communicator {key} never met")
+                time.sleep(0.005)
 
     def run(self, request, then=None):
         """Waits for `request` (inside a group: at groupEnd), then calls `then`."""

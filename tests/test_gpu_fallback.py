@@ -841,6 +841,18 @@ def test_device_arrays_end_to_end_at_np2(case, fake_nccl):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
+def test_a_fused_broadcast_of_two_dtypes_gives_each_tensor_its_own(fake_nccl):
+    """Broadcasts fuse whatever their dtypes (the response's is its first
+    tensor's): the NCCL backend gave every output that dtype, so the second
+    tensor came back as float16 with a quarter of its bytes. A 20 ms cycle
+    makes the two ready together."""
+    env = dict(_mpi_env(fake_nccl), HOROVOD_CYCLE_TIME="20",
+               CASES="a_fused_broadcast_keeps_each_tensors_dtype")
+    _check("tests/test_gpu_fallback.py", "a_fused_broadcast_keeps_each_tensors_dtype", 2, env)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
 @pytest.mark.parametrize("case", ["gpu_communicators_average_device_gradients_in_place",
                                   "pure_nccl_reduces_gradients_in_allreduce_grad_dtype",
                                   "array_collectives_keep_device_arrays_on_the_device",
@@ -977,6 +989,20 @@ def case_every_op_on_device_arrays(hvd):
         else:
             got = hvd.recv(0, name="p2p")
             np.testing.assert_array_equal(got.get(), np.arange(4, dtype=np.float16))
+
+
+def case_a_fused_broadcast_keeps_each_tensors_dtype(hvd):
+    me = hvd.rank()
+    for trial in range(4):
+        small = FakeDeviceArray.of(np.full((1, 4), me + 1.5, np.float16))
+        large = FakeDeviceArray.of(np.arange(80, dtype=np.float64).reshape(5, 4, 4) + me)
+        handles = [hvd.broadcast_async(small, 0, name=f"fb.small.{trial}"),
+                   hvd.broadcast_async(large, 0, name=f"fb.large.{trial}")]
+        got = [hvd.synchronize(h).get() for h in handles]
+        assert got[0].dtype == np.float16 and got[0].shape == (1, 4), got[0]
+        np.testing.assert_array_equal(got[0], np.full((1, 4), 1.5, np.float16))
+        assert got[1].dtype == np.float64 and got[1].shape == (5, 4, 4), got[1]
+        np.testing.assert_array_equal(got[1], np.arange(80.0).reshape(5, 4, 4))
 
 
 def collectives_rows(total, n):

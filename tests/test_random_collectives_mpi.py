@@ -4,7 +4,8 @@ submitted in a different order on each rank and checked against NumPy
 negotiation and fusion go: a response cache of two entries (eviction every
 step), none at all (every tensor through a round), no fusion, four ranks;
 with bad input now and then; with process sets added and removed; with
-scale factors; from several threads at once. And the same for frontends.torch
+scale factors; from several threads at once; as "CUDA" arrays through the
+NCCL backend (a fake CuPy). And the same for frontends.torch
 (tests/scripts/random_torch.py). And uneven steps with join() (tests/scripts/random_join.py)."""
 
 import os
@@ -42,6 +43,12 @@ SETTINGS = {
     "torus_four_ranks": (4, {"HOROVOD_TORUS_ALLREDUCE": "1",
                              "COORDINATOR_SIMULATED_LOCAL_SIZE": "2", "SCALES": "0.5",
                              "BAD_INPUT": "0.1"}),
+    # "CUDA" arrays (tests/gpu_fakes.py) through the NCCL backend's device
+    # fusion, on the global set; it found a fused broadcast of two dtypes
+    # giving the second the first's dtype (test_gpu_fallback.py's
+    # test_a_fused_broadcast_of_two_dtypes_...)
+    "with_a_fake_gpu_four_ranks": (4, {"FAKE_GPU": "1", "REUSE": "0.5", "SCALES": "0.3",
+                                       "BAD_INPUT": "0.1"}),
 }
 
 

@@ -526,10 +526,13 @@ class NCCLOps:
 
     # ----------------------------------------------------------- broadcast
     def broadcast(self, response, entries, names, root):
+        """One ncclBroadcast of bytes per tensor, in one NCCL group. A fused
+        broadcast may mix dtypes (the response's is its first tensor's), so
+        each output takes its own tensor's."""
         lane = yield from self._lane(response, entries)
-        storage = self._storage(response.dtype)
         with self._on(lane, entries):
-            outputs = [e.output if e.output is not None else self._result(e.shape, storage)
+            outputs = [e.output if e.output is not None
+                       else self._result(e.shape, gpu.storage_dtype(e.dtype_info.dtype))
                        for e in entries]
             self.nccl.groupStart()
             try:

@@ -46,6 +46,14 @@ rank then prints what stopped it, `RANK r: <ExceptionType>: <message>`
 (run with short stall times), stays until the stopped rank has had its say,
 and shuts down.
 
+With FAKE_GPU=1 every tensor is a "CUDA" array of tests/gpu_fakes.py (host
+memory behind `__cuda_array_interface__`), so the operations take the NCCL
+backend's path (device fusion with the pack and unpack kernels compiled for
+the host, staging where NCCL cannot go), with the fake's NCCL calls run as
+MPI calls. On the global set only: those calls block until every member
+makes them, and the ranks may queue the operations of different sets in
+different orders (README, "What is left").
+
 Usage: mpirun -n N python random_collectives.py SEED STEPS (N >= 3)
 """
 
@@ -70,6 +78,7 @@ SCALES = float(os.environ.get("SCALES", "0"))
 THREADS = int(os.environ.get("THREADS", "1"))
 BLOCKING = os.environ.get("BLOCKING") == "1"
 STOP = [float(x) for x in os.environ["STOP"].split(",")] if os.environ.get("STOP") else None
+FAKE_GPU = os.environ.get("FAKE_GPU") == "1"
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
          "alltoall", "reducescatter", "grouped_reducescatter")
 REDUCTIONS = (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product)
@@ -78,8 +87,34 @@ DTYPES = (np.float32, np.float64, np.int32, np.int64, np.float16, np.int8, np.ui
 SIZE = MPI.COMM_WORLD.size
 SETS = {"global": hvd.global_process_set, "pair": hvd.ProcessSet([0, 1]),
         "tail": hvd.ProcessSet([SIZE - 2, SIZE - 1])}
+if FAKE_GPU:
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import gpu_fakes
+    from coordinator import gpu
+
+    gpu._modules["cupy"] = gpu_fakes.fake_cupy(
+        gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup()),
+        gpu_fakes.HostKernels(tempfile.mkdtemp(prefix=f"host-kernels-{MPI.COMM_WORLD.rank}-")))
 hvd.init(process_sets=[SETS["pair"], SETS["tail"]])
 ME = hvd.rank()
+
+
+def to_device(tensor):
+    """With FAKE_GPU, the tensor (or each of a list) as a "CUDA" array."""
+    if not FAKE_GPU:
+        return tensor
+    if isinstance(tensor, list):
+        return [to_device(t) for t in tensor]
+    return gpu_fakes.FakeDeviceArray(np.ascontiguousarray(tensor))
+
+
+def to_host(result):
+    """A result (or each of a list) as a NumPy array."""
+    if isinstance(result, (list, tuple)):
+        return type(result)(to_host(r) for r in result)
+    return result.get() if hasattr(result, "get") else result
 
 
 def value(rng_seed, rank, shape, dtype):
@@ -108,6 +143,8 @@ def describe(rng):
 def draw(rng, step, i):
     kind = rng.choice(KINDS)
     set_name = rng.choice(["global"] + sorted(SETS))
+    if FAKE_GPU:  # the fake's NCCL calls block until every member makes them
+        set_name = "global"
     members = SETS[set_name].ranks
     dtype, inner, op, count, scales = describe(rng)
     name = f"s{step}.{i}.{kind}"
@@ -183,6 +220,7 @@ class Done:
 def begin(async_fn, *args, **kwargs):
     """Starts an operation; with BLOCKING, runs it to the end with the
     blocking variant (which runs the coordinator's loop on this thread)."""
+    args = (to_device(args[0]),) + args[1:]
     if not BLOCKING:
         return async_fn(*args, **kwargs)
     blocking = getattr(hvd, async_fn.__name__[:-len("_async")])
@@ -196,10 +234,10 @@ def begin(async_fn, *args, **kwargs):
 
 def result_of(handle):
     if not isinstance(handle, Done):
-        return hvd.synchronize(handle)
+        return to_host(hvd.synchronize(handle))
     if handle.error is not None:
         raise handle.error
-    return handle.result
+    return to_host(handle.result)
 
 
 def submit(d):
