@@ -18,6 +18,7 @@ import dataclasses
 import importlib.metadata
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -505,6 +506,19 @@ class DriverJob:
     spare_hosts: Sequence[Tuple[str, int]] = ()
 
 
+# Variables of coordrun's environment that do not go to the ranks: what
+# horovodrun keeps back (shell functions, OLDPWD, CUDA_VISIBLE_DEVICES, which
+# each host has its own of), and an enclosing launcher's own (PMIx, PRRTE,
+# Open MPI's but its MCA parameters).
+NOT_EXPORTED = re.compile(r"BASH_FUNC_.*|OLDPWD|.*CUDA_VISIBLE_DEVICES|PMIX_.*|PRTE_.*|"
+                          r"OMPI_(?!MCA_|ALLOW_RUN_AS_ROOT).*")
+
+
+def exportable(name):
+    """Whether coordrun passes variable `name` of its environment to the ranks."""
+    return name.isidentifier() and not NOT_EXPORTED.fullmatch(name)
+
+
 def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping[str, str],
                   euid: Optional[int] = None,
                   job: Optional[DriverJob] = None) -> Tuple[List[str], Dict[str, str]]:
@@ -528,6 +542,13 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
     for name in ("PYTHONPATH", "PATH"):
         if name in env:
             exported.setdefault(name, env[name])
+    if launcher.flavor == OPEN_MPI:
+        # As horovodrun does: every variable of this environment reaches the
+        # ranks (by name), those on other hosts too, where Open MPI passes
+        # on only what -x names. (Hydra passes the whole environment itself.)
+        for name, value in environ.items():
+            if exportable(name):
+                exported.setdefault(name, value)
     if job is not None:
         env.update(job.exports)
         exported.update(job.exports)

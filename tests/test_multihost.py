@@ -123,6 +123,29 @@ def test_two_hosts_by_two_ranks_reduce_exactly_with_the_layout_of_their_hostname
 
 
 @pytest.mark.mpi
+def test_settings_and_variables_of_coordruns_environment_reach_the_other_host(two_hosts):
+    """As with horovodrun: a HOROVOD_* setting and the user's own variables
+    set where coordrun runs reach the ranks on hostb too, whose environment
+    is the ssh agent's login one. They used to reach hosta's ranks only, so
+    the two hosts ran with different settings."""
+    script = os.path.join(two_hosts.dir, "env_job.py")
+    with open(script, "w") as f:
+        f.write("import os, socket\n"
+                "import coordinator as hvd\n"
+                "hvd.init()\n"
+                "print('ENV', socket.gethostname(), os.environ.get('MY_SETTING'),\n"
+                "      hvd.runtime.current().config.fusion_threshold, flush=True)\n"
+                "hvd.shutdown()\n")
+    out = _start(two_hosts, ["python", script], env={"HOROVOD_FUSION_THRESHOLD": "1234",
+                                                    "MY_SETTING": "kept"},
+                 hosts=("-H", "hosta:1,hostb:1"))
+    text = out.finish(timeout=120)
+    assert out.proc.returncode == 0, text
+    seen = sorted((m[1], m[2], m[3]) for m in out.matching(r"ENV (\S+) (\S+) (\d+)"))
+    assert seen == [("hosta", "kept", "1234"), ("hostb", "kept", "1234")], text
+
+
+@pytest.mark.mpi
 def test_traffic_stays_on_the_link_and_only_open_mpi_listens(two_hosts):
     """Through --hostfile this time."""
     go = os.path.join(two_hosts.dir, "go")

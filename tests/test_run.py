@@ -71,10 +71,10 @@ def fake_launcher(path, version_banner):
 
 # ------------------------------------------------------------ argv and env
 
-def test_openmpi_local_run_binds_nothing_oversubscribes_and_exports_path():
+def test_openmpi_local_run_binds_nothing_oversubscribes_and_exports_its_environment():
     argv, env = build("-np", "4", "python", "train.py", "--epochs", "3")
     assert argv == ["/opt/ompi/bin/mpirun", "-np", "4", "--bind-to", "none",
-                    "--map-by", "slot", "--oversubscribe", "-x", "PATH",
+                    "--map-by", "slot", "--oversubscribe", "-x", "PATH", "-x", "HOME",
                     "-x", "COORDINATOR_EXIT_WITH_LAUNCHER", "-x", "OMPI_MCA_btl",
                     "-x", "OMPI_MCA_mpi_yield_when_idle", "python", "train.py", "--epochs", "3"]
     assert env["PATH"] == ENV["PATH"]
@@ -173,11 +173,38 @@ def test_openmpi_exports_by_name_and_puts_values_in_the_environment():
     argv, env = build("-np", "2", "--cycle-time-ms", "1", "-x", "GREETING=hi there",
                       "-x", "SECRET_TOKEN", "python", "t.py", environ=environ)
     assert exported_openmpi(argv) == ["HOROVOD_CYCLE_TIME", "GREETING", "SECRET_TOKEN",
-                                      "PYTHONPATH", "PATH", "COORDINATOR_EXIT_WITH_LAUNCHER",
-                                      "OMPI_MCA_btl", "OMPI_MCA_mpi_yield_when_idle"]
+                                      "PYTHONPATH", "PATH", "HOME",
+                                      "COORDINATOR_EXIT_WITH_LAUNCHER", "OMPI_MCA_btl",
+                                      "OMPI_MCA_mpi_yield_when_idle"]
     assert "hi there" not in argv and "s3" not in argv
     assert env["GREETING"] == "hi there" and env["SECRET_TOKEN"] == "s3"
     assert environ == dict(ENV, PYTHONPATH="/src", SECRET_TOKEN="s3")  # not modified
+
+
+def test_open_mpi_ranks_get_every_variable_of_the_environment_as_with_horovodrun():
+    """horovodrun -x's every variable of its environment, so that ranks on
+    other hosts (whose environment is ssh's) see the settings and the
+    user's variables too; Open MPI passes on only what -x names. Kept back,
+    as there: shell functions, OLDPWD, CUDA_VISIBLE_DEVICES; and an
+    enclosing launcher's own variables (PMIx, PRRTE, Open MPI's but MCA
+    parameters)."""
+    environ = dict(ENV, HOROVOD_FUSION_THRESHOLD="1234", MY_SETTING="secret value",
+                   OMPI_MCA_pml="ob1", LD_LIBRARY_PATH="/opt/lib", OLDPWD="/x",
+                   CUDA_VISIBLE_DEVICES="0,1", NVIDIA_CUDA_VISIBLE_DEVICES="0",
+                   PMIX_RANK="3", PRTE_MCA_plm_ssh_agent="ssh", OMPI_COMM_WORLD_RANK="3",
+                   **{"BASH_FUNC_module%%": "() { :; }"})
+    argv, env = build("-np", "2", "python", "t.py", environ=environ)
+    exported = exported_openmpi(argv)
+    for name in ("HOROVOD_FUSION_THRESHOLD", "MY_SETTING", "OMPI_MCA_pml", "LD_LIBRARY_PATH",
+                 "HOME", "PATH"):
+        assert exported.count(name) == 1, (name, exported)
+    for name in ("OLDPWD", "CUDA_VISIBLE_DEVICES", "NVIDIA_CUDA_VISIBLE_DEVICES", "PMIX_RANK",
+                 "PRTE_MCA_plm_ssh_agent", "OMPI_COMM_WORLD_RANK", "BASH_FUNC_module%%"):
+        assert name not in exported, (name, exported)
+    assert "secret value" not in argv and env["MY_SETTING"] == "secret value"
+    # Hydra passes the whole environment itself: no value goes on its argv.
+    argv, _ = build("-np", "2", "python", "t.py", launcher=MPICH, environ=environ)
+    assert "MY_SETTING" not in argv and "secret value" not in argv
 
 
 def test_hydra_exports_with_genv_and_takes_no_openmpi_flags():
