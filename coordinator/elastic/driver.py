@@ -294,9 +294,10 @@ class ElasticDriver:
             if bad:
                 raise InvalidRequest(f"survivors {bad} are not ranks of membership "
                                      f"{generation} of {len(world)} workers")
-            lost = [world[r] for r in range(len(world)) if r not in set(survivors)]
+            alive = set(survivors)
+            lost = [world[r] for r in range(len(world)) if r not in alive]
             for r in range(len(world)):
-                if r not in set(survivors):  # no longer heard from, nor waited for
+                if r not in alive:  # no longer heard from, nor waited for
                     self.heard.pop((generation, r), None)
             self.lost_any = self.lost_any or bool(lost)
             for host, index in lost:
