@@ -57,12 +57,13 @@ def process_start(pid):
         return None
 
 
-def end_process(pid, start):
-    """SIGKILLs process `pid` if it is still the one that started at `start`
-    (never this process). Returns whether the signal went. Through a pidfd
-    where there is one, so the pid cannot be reused between the check and
-    the signal."""
-    if pid == os.getpid() or start is None:
+def end_process(identity, pid, start):
+    """SIGKILLs the process named by the machine and PID namespace
+    `identity` (host_identity()), `pid` and its start time, if it runs here
+    and is still that process (never this one). Returns whether the signal
+    went. Through a pidfd where there is one, so the pid cannot be reused
+    between the check and the signal."""
+    if identity != host_identity() or pid == os.getpid() or start is None:
         return False
     fd = None
     try:

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import pytest
 
-from coordinator import run
+from coordinator import liveness, run
 from coordinator._wire import driver_pb2 as dpb
 from coordinator.elastic import auth, hosts, loop, membership, service, state
 from coordinator.elastic.driver import ElasticDriver, InvalidRequest, JobStopped, assign
@@ -219,8 +219,6 @@ def test_watch_streams_changes_after_the_membership_formed():
 @pytest.fixture
 def sleeper():
     """A process to stand for a stopped worker: (pid, start time)."""
-    from coordinator import liveness
-
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     yield proc, liveness.process_start(proc.pid)
     proc.kill()
@@ -244,7 +242,7 @@ def test_a_silent_worker_on_the_drivers_machine_is_ended_by_the_driver(sleeper):
     proc, start = sleeper
     clock = Clock()
     d = _silent_driver(clock, None, proc.pid, start)
-    d.processes[(0, 2)] = (d.identity, proc.pid, start)
+    d.processes[(0, 2)] = (liveness.host_identity(), proc.pid, start)
     clock.now += 20
     for rank in (0, 1):
         d.heartbeat(0, rank)
@@ -253,7 +251,7 @@ def test_a_silent_worker_on_the_drivers_machine_is_ended_by_the_driver(sleeper):
     clock.now += 11
     d._check_heartbeats()
     assert proc.wait(10) == -9
-    assert d.to_end() == [(0, 2, d.identity, proc.pid, start)]
+    assert d.to_end() == [(0, 2, liveness.host_identity(), proc.pid, start)]
     assert d.stop_reason is None
     # The others re-form without it: it is neither waited for nor named.
     plan = d.reform(0, [0, 1], failure=True)
@@ -274,7 +272,7 @@ def test_a_silent_worker_nobody_can_end_stops_the_job_saying_so(sleeper):
     proc, start = sleeper
     clock = Clock()
     d = _silent_driver(clock, "other-machine", proc.pid, start)
-    d.processes[(0, 0)] = (d.identity, proc.pid, start + 1)  # not that process
+    d.processes[(0, 0)] = (liveness.host_identity(), proc.pid, start + 1)  # not that process
     clock.now += 31
     d._check_heartbeats()
     assert sorted(k[:2] for k in d.to_end()) == [(0, 0), (0, 1), (0, 2)]
@@ -296,7 +294,7 @@ def test_without_a_silence_limit_silence_is_only_reported(sleeper, caplog):
     proc, start = sleeper
     clock = Clock()
     d = _silent_driver(clock, None, proc.pid, start, limit=None)
-    d.processes[(0, 2)] = (d.identity, proc.pid, start)
+    d.processes[(0, 2)] = (liveness.host_identity(), proc.pid, start)
     clock.now += 100
     with caplog.at_level(logging.WARNING, logger="coordinator.elastic"):
         d._check_heartbeats()

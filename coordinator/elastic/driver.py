@@ -137,7 +137,6 @@ class ElasticDriver:
         self.silence_limit: Optional[float] = None
         self.ending: Dict[Tuple[int, int], float] = {}  # -> when its end was asked
         self._warned: Dict[Tuple[int, int], float] = {}
-        self.identity = liveness.host_identity()
         self.outcomes: Dict[Tuple[int, int], Outcome] = {}
         self.task = b""  # coordinator.run's pickled function
         self.environment = {}  # what coordrun exported to the first workers
@@ -430,9 +429,10 @@ class ElasticDriver:
     def _end_here(self, key):
         """Ends a silent worker that runs on the driver's own machine (the
         others learn of the rest from their heartbeats' replies)."""
-        identity, pid, start = self.processes.get(key, ("", 0, 0))
-        if identity == self.identity and liveness.end_process(pid, start):
-            log.warning("driver: ended pid %d (rank %d of membership %d)", pid, key[1], key[0])
+        process = self.processes.get(key)
+        if process is not None and liveness.end_process(*process):
+            log.warning("driver: ended pid %d (rank %d of membership %d)", process[1], key[1],
+                        key[0])
 
     # ------------------------------------------------------------- results
     def final_outcomes(self) -> Dict[int, Outcome]:

@@ -88,7 +88,7 @@ class Agent:
         self._registered_for = None  # the membership `slot` belongs to
         self.identity = liveness.host_identity()
         self.start = liveness.process_start(os.getpid()) or 0
-        self._ended = set()  # (pid, start time) of the silent workers ended here
+        self._ended = set()  # (host identity, pid, start time) of those asked for
         self._thread = threading.Thread(target=self._beat, daemon=True,
                                         name="coordinator-elastic-agent")
         self._thread.start()
@@ -135,11 +135,11 @@ class Agent:
     def _end(self, process):
         """Ends a silent worker the driver named, if it runs on this machine
         (in this PID namespace); once."""
-        key = (process.pid, process.start_time)
-        if process.host_identity != self.identity or key in self._ended:
+        key = (process.host_identity, process.pid, process.start_time)
+        if key in self._ended:
             return
         self._ended.add(key)
-        if liveness.end_process(process.pid, process.start_time):
+        if liveness.end_process(*key):
             log.warning("elastic: ended pid %d (rank %d of membership %d), which the driver "
                         "has not heard from for too long (stopped, or hung)", process.pid,
                         process.rank, process.generation)
