@@ -233,6 +233,8 @@ class Background:
         self.owed = Owed()  # failed before this rank submitted its copy (owed.py)
         self.round = None  # the round under way: (number, {rank: RequestList} on rank 0)
         self.rounds = 0
+        self.cycles = 0  # cycles posted (every rank posts the same ones)
+        self._woken_cycle = 0  # rank 0: the last cycle it asked everyone to post
         self.flags = 0  # what the last cycle said
         self._more = False  # whether it said that someone still waits
         self._completed = False  # whether this turn completed an entry
@@ -501,6 +503,8 @@ class Background:
         worked |= self._control()
         if not self.finished:
             worked |= self._negotiate()
+            if self.is_coordinator:
+                self._wake_for_device_plans()
         if self.executor and not self.finished:
             worked |= self._progress()
         self.channel.progress()
@@ -662,6 +666,21 @@ class Background:
         self._gap_until = now + self._cycle_gap
         self._load_riders()
         self.cycle.post(flags, now, self.slots.digest)
+        self.cycles += 1
+
+    def _wake_for_device_plans(self):
+        """Rank 0, holding another set's GPU plans for a round (or a cycle
+        away from them): every rank takes part in the cycle in flight, and
+        so in the round it leads to, those outside the set (idle, they
+        would not post) as well as its members (their requests streamed,
+        they wait for no round). Once per cycle."""
+        if (not self.cycle.in_flight or self._woken_cycle >= self.cycles
+                or not self.controller.has_device_stream_output()):
+            return
+        self._woken_cycle = self.cycles
+        payload = pb.ResponseList(cycle=self.cycles).SerializeToString()
+        for rank in range(1, self.size):
+            self.channel.send(rank, TAG_RESPONSE, payload)
 
     def _load_riders(self):
         """Copies the data of the riders waiting here into the cycle's
@@ -1103,6 +1122,8 @@ class Background:
                 self._pinged = True
                 self._next_watch = 0.0
                 self._woken = True  # rank 0 waits on a cycle: take part
+            if msg.cycle > self.cycles:
+                self._woken = True  # rank 0 posted a cycle this rank has not
             if msg.shutdown:
                 self._answered = msg.round
                 self._begin_final(msg.shutdown_reason)

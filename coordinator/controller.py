@@ -31,7 +31,7 @@ import time
 from coordinator import dtypes
 from coordinator.ops_names import (display_name, format_ranks, op_name,
                                    reduce_op_name)
-from coordinator.negotiation import in_rounds
+from coordinator.negotiation import answered_in_rounds, in_rounds
 from coordinator.response_cache import CoordinatorCache, float_key
 from coordinator.stall_inspector import StallInspector
 from coordinator.wire import pb
@@ -106,7 +106,11 @@ class _Group:
 
 
 def _round_bound(resp):
-    return in_rounds(resp.op, resp.process_set_id)
+    return answered_in_rounds(resp.op, resp.process_set_id, resp.device)
+
+
+def _streamed_to_round(op, process_set_id, device):
+    return not in_rounds(op, process_set_id) and answered_in_rounds(op, process_set_id, device)
 
 
 def _shape(req):
@@ -372,8 +376,18 @@ class Controller:
     def has_global_output(self):
         """Something for the next round: global-set plans or notices."""
         return bool(self._notices or any(_round_bound(p.response) for p in self._plans)
-                    or any(in_rounds(n.representative().op, n.process_set_id)
+                    or any(answered_in_rounds(n.representative().op, n.process_set_id,
+                                              n.representative().device)
                            for n in self._ready))
+
+    def has_device_stream_output(self):
+        """Something for the next round that ranks outside its set do not
+        wait for: another set's (or a send/recv's) plan on a GPU
+        (negotiation.answered_in_rounds)."""
+        return (any(_streamed_to_round(p.response.op, p.response.process_set_id,
+                                       p.response.device) for p in self._plans)
+                or any(_streamed_to_round(n.representative().op, n.process_set_id,
+                                          n.representative().device) for n in self._ready))
 
     def has_stream_pending(self):
         """Open negotiations of other sets or send/recv (streamed)."""

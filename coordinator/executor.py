@@ -19,6 +19,15 @@ the device goes from one NCCL call to the next without waiting for the host
 to see the first end. At most two operations of a lane are started: the
 backend may reuse an operation's host-side resources for the one after next
 (nccl_ops.py's kernel tables).
+
+On a GPU the lanes of one device do not run side by side as they start:
+an operation there starts only once every operation started before it on
+that device (in any lane) has queued all its work or finished. So a rank
+queues its NCCL calls in the order its operations were started, which is
+the order the negotiation gave them on every rank
+(negotiation.answered_in_rounds): NCCL calls queued in different orders on
+two ranks can wait on each other forever, on the device or in a call that
+blocks until its peers make it.
 """
 
 import collections
@@ -103,6 +112,9 @@ class Executor:
 
     def __init__(self):
         self._lanes = collections.OrderedDict()  # lane -> deque of Operation
+        # device -> its operations in the order they were started, those
+        # at the front that let the next start dropped (_may_start)
+        self._device_order = {}
         # Operations whose work is all queued on a device, handed out by
         # take_queued() before they finish.
         self._queued = []
@@ -123,6 +135,9 @@ class Executor:
         if lane is None:
             lane = self._lanes[op.lane] = collections.deque()
         lane.append(op)
+        device = op.lane[1]
+        if device >= 0:
+            self._device_order.setdefault(device, collections.deque()).append(op)
         if len(lane) == 1 or (len(lane) == 2 and lane[0].lets_next_start):
             return self._drive(op.lane, lane)
         return []
@@ -151,9 +166,32 @@ class Executor:
             done.append(lane.popleft())
         if not lane:
             del self._lanes[key]
+        if done and key[1] >= 0:
+            self._first_on(key[1])  # (drops those done: they hold their results)
         return done
 
+    def _may_start(self, op):
+        """Whether every operation started before `op` on its device has
+        queued all its work or finished (the module's docstring)."""
+        first = self._first_on(op.lane[1])
+        return first is None or first is op
+
+    def _first_on(self, device):
+        """The first operation on `device` that has not yet queued all its
+        work, or None."""
+        order = self._device_order.get(device)
+        if order is None:
+            return None
+        while order and (order[0].finished or order[0].lets_next_start):
+            order.popleft()
+        if not order:
+            del self._device_order[device]
+            return None
+        return order[0]
+
     def _advance(self, op):
+        if op.started is None and not self._may_start(op):
+            return False
         before = op.steps
         finished = op.advance()
         self.steps += op.steps - before
@@ -211,6 +249,7 @@ class Executor:
         (leftovers.py)."""
         ops = self.in_flight()
         self._lanes.clear()
+        self._device_order.clear()
         started = [op for op in ops if op.started is not None]
         if started:
             leftovers.keep(started)

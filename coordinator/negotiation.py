@@ -33,7 +33,9 @@ The flags (set on any rank, so every rank sees them):
 
 A rank that is idle (nothing submitted) does not post; a cycle it holds up
 completes when it submits, or when rank 0's watchdog pings it (a ping makes
-an idle rank post).
+an idle rank post). When rank 0 posts a cycle for a round that carries
+another set's GPU plans (answered_in_rounds), which the ranks outside that
+set know nothing about, it asks every rank to post it (ResponseList.cycle).
 """
 
 import heapq
@@ -52,6 +54,23 @@ def in_rounds(op, process_set_id):
     ranks) stream to rank 0 and back, so that ranks outside them never hold
     them up."""
     return process_set_id == 0 and op != pb.P2P
+
+
+def answered_in_rounds(op, process_set_id, device):
+    """Whether rank 0 sends an operation's plan out in a round, where every
+    rank runs it in one order with the global set's: the global set's, and
+    every operation on a GPU. Other sets' and send/recv requests stream to
+    rank 0 as they come (in_rounds), but on a GPU their plans wait for the
+    next round: each rank queues its NCCL calls in the order it starts its
+    operations, a call may block until its peers make it (connection
+    set-up on first use), and its kernels wait for their peers on the
+    device, so two ranks queuing two sets' operations in opposite orders
+    would wait on each other forever. Horovod negotiates every set in every
+    cycle for the same reason. MPI calls do not wait that way (a
+    communicator per set, non-blocking), so host operations of other sets
+    still go out as soon as they are decided, and ranks outside them never
+    hold them up."""
+    return in_rounds(op, process_set_id) or device >= 0
 
 
 FLAG_CLASSIC = 1

@@ -127,6 +127,47 @@ def test_an_operation_that_does_not_let_the_next_start_keeps_it_waiting():
         assert started == ["a", "b"]
 
 
+def test_lanes_of_one_device_start_their_operations_in_the_order_they_were_started():
+    """Two sets' GPU lanes: the second set's operation waits until the first
+    set's has queued all its work, though its own lane is free, and a third
+    set's waits for both; a host lane (device -1) and another device's do
+    not wait. So every rank queues its NCCL calls in the order the
+    negotiation gave it, and two ranks never wait on each other's calls."""
+    started = []
+    first = Waitable(results=["a"])  # between its calls: not yet all queued
+    second = Waitable(results=["b"], lets_next_start=False)
+    ex = Executor()
+    ex.start(_op((1, 0), first, result="a", started=started))
+    ex.start(_op((2, 0), second, result="b", started=started))
+    ex.start(_op((3, 0), Waitable(), result="c", started=started))
+    ex.start(_op((2, -1), Waitable(), result="host", started=started))
+    ex.start(_op((2, 1), Waitable(), result="other device", started=started))
+    assert ex.progress() == [] and started == ["a", "host", "other device"]
+    first.lets_next_start = True  # its work is all queued on the device
+    assert ex.progress() == [] and started == ["a", "host", "other device", "b"]
+    second.after = second.tests + 1  # finished: the third may start
+    assert [op.results for op in ex.progress()] == [["b"]]
+    ex.progress()
+    assert started == ["a", "host", "other device", "b", "c"]
+
+
+def test_a_gpu_operation_that_fails_lets_the_next_on_its_device_start():
+    def failing():
+        yield Waitable(after=1)
+        raise RuntimeError("NCCL error")
+    started = []
+    ex = Executor()
+    done = ex.start(Operation(response=None, entries=[None], names=["t"], lane=(1, 0),
+                              gen=failing()))
+    done += ex.start(_op((2, 0), Waitable(after=2), result="b", started=started))
+    for _ in range(100):
+        if len(done) == 2:
+            break
+        done += ex.progress()
+    assert isinstance(done[0].error, RuntimeError) and done[1].results == ["b"]
+    assert not ex._device_order  # nothing kept once done
+
+
 class _Timed:
     """A CUDA event's stand-in for timing: `at` is when it fired on the
     device's clock (None: not yet)."""

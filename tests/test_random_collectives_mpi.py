@@ -44,11 +44,17 @@ SETTINGS = {
                              "COORDINATOR_SIMULATED_LOCAL_SIZE": "2", "SCALES": "0.5",
                              "BAD_INPUT": "0.1"}),
     # "CUDA" arrays (tests/gpu_fakes.py) through the NCCL backend's device
-    # fusion, on the global set; it found a fused broadcast of two dtypes
-    # giving the second the first's dtype (test_gpu_fallback.py's
-    # test_a_fused_broadcast_of_two_dtypes_...)
+    # fusion; it found a fused broadcast of two dtypes giving the second the
+    # first's dtype (test_gpu_fallback.py's test_a_fused_broadcast_of_two_
+    # dtypes_...). The fake's NCCL calls block until every member makes
+    # them: on three sets they deadlocked (this setting, within
+    # 40 steps) until every rank queued every set's GPU operations in one
+    # order (negotiation.answered_in_rounds)
     "with_a_fake_gpu_four_ranks": (4, {"FAKE_GPU": "1", "REUSE": "0.5", "SCALES": "0.3",
                                        "BAD_INPUT": "0.1"}),
+    "with_a_fake_gpu_dynamic_sets_four_ranks": (4, {
+        "FAKE_GPU": "1", "DYNAMIC_SETS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1",
+        "BAD_INPUT": "0.1"}),
 }
 
 
