@@ -147,6 +147,33 @@ def test_same_name_on_a_subset_and_the_global_set_do_not_collide():
     assert plan.response.process_set_id == 1 and plan.recipients == (0, 1)
 
 
+def test_another_sets_gpu_plans_wait_for_a_round_while_its_host_plans_stream():
+    """A GPU operation of another set (or a send/recv on a GPU) goes out in
+    the next round, where every rank runs it in one order with the global
+    set's (NCCL needs one order of calls on every rank); the same set's
+    host operation streams out as it is decided."""
+    ctl = Controller(3)
+    ctl.register_process_set(1, [0, 1])
+    for rank in (0, 1):
+        submit(ctl, rank, req("gpu", process_set_id=1, device=0),
+               req("host", process_set_id=1, device=-1),
+               req("p2p", op=pb.P2P, device=0, ranks=[0, 1]))
+    assert ctl.has_device_stream_output() and ctl.has_global_output()
+    (streamed,) = ctl.take_plans(global_set=False)
+    assert names(streamed) == ["host"]
+    assert ctl.has_device_stream_output()
+    in_round = ctl.take_plans()
+    assert sorted(names(p)[0] for p in in_round) == ["gpu", "p2p"]
+    assert not ctl.has_device_stream_output() and not ctl.has_global_output()
+
+
+def test_the_global_sets_gpu_plans_need_no_waking():
+    ctl = Controller(2)
+    for rank in (0, 1):
+        submit(ctl, rank, req("g", device=0))
+    assert ctl.has_global_output() and not ctl.has_device_stream_output()
+
+
 def test_process_set_restricts_who_must_submit():
     ctl = Controller(4)
     ctl.register_process_set(1, [1, 3])
