@@ -87,6 +87,8 @@ class Runtime:
         self.ops = create_backends(self.config, self.transport.data_world(),
                                    self.process_sets.members, self.buffers, self.timeline,
                                    self.rank, self.topology, self.transport)
+        for pid in self.initial_process_sets:
+            self.ops.add_process_set(pid)
         topo = self.topology
         self.background = Background(Collaborators(
             config=self.config, rank=self.rank, size=self.size, queue=self.queue,
@@ -136,13 +138,14 @@ class Runtime:
 
     def apply_process_set_change(self, resp):
         """Runs on the background thread, at the same point of the op order
-        on every rank. Backends make a set's communicators on its first
-        operation, and release them here when it is removed."""
+        on every rank. Backends start making a set's communicators here as
+        it is added, and release them here when it is removed."""
         name = resp.names[0]
         if resp.op == pb.ADD_PROCESS_SET:
             ranks = list(resp.ranks)
             ps = self._pending_sets.pop(name, None) or ProcessSet(ranks)
             self.process_sets.register(ps, resp.value, ranks)
+            self.ops.add_process_set(resp.value)
             return ps
         ps = self.process_sets.unregister(resp.value)
         self.ops.remove_process_set(resp.value)

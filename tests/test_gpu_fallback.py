@@ -853,6 +853,15 @@ def test_a_fused_broadcast_of_two_dtypes_gives_each_tensor_its_own(fake_nccl):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
+def test_another_sets_gpu_operations_run_while_a_rank_outside_it_is_idle(fake_nccl):
+    case = "another_sets_gpu_operations_run_while_a_rank_outside_it_is_idle"
+    env = dict(_mpi_env(fake_nccl), CASES=case, HOROVOD_DYNAMIC_PROCESS_SETS="1",
+               HOROVOD_STALL_CHECK_DISABLE="1")
+    _check("tests/test_gpu_fallback.py", case, 3, env)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
 @pytest.mark.parametrize("case", ["gpu_communicators_average_device_gradients_in_place",
                                   "pure_nccl_reduces_gradients_in_allreduce_grad_dtype",
                                   "array_collectives_keep_device_arrays_on_the_device",
@@ -1003,6 +1012,35 @@ def case_a_fused_broadcast_keeps_each_tensors_dtype(hvd):
         np.testing.assert_array_equal(got[0], np.full((1, 4), 1.5, np.float16))
         assert got[1].dtype == np.float64 and got[1].shape == (5, 4, 4), got[1]
         np.testing.assert_array_equal(got[1], np.arange(80.0).reshape(5, 4, 4))
+
+
+def case_another_sets_gpu_operations_run_while_a_rank_outside_it_is_idle(hvd):
+    """Another set's GPU plans go out in a round of every rank, so that
+    every rank queues its NCCL calls in one order (negotiation.py): rank 2,
+    outside the set and idle (waiting on plain MPI, not the coordinator,
+    with the watchdog's pings off), is asked to post the cycle that leads
+    to that round. Without it, ranks 0 and 1 waited for ever."""
+    from mpi4py import MPI
+
+    me = hvd.rank()
+    pair = hvd.add_process_set([0, 1])
+    if me < 2:
+        for step in range(3):
+            x = FakeDeviceArray.of(np.full(4, me + step, np.float32))
+            out = hvd.allreduce(x, op=hvd.Sum, name=f"pair.{step}", process_set=pair)
+            np.testing.assert_array_equal(out.get(), np.full(4, 1 + 2 * step, np.float32))
+            if me == 0:
+                hvd.send(FakeDeviceArray.of(np.arange(3, dtype=np.int32) + step), 1,
+                         name=f"pair.p2p.{step}")
+            else:
+                got = hvd.recv(0, name=f"pair.p2p.{step}")
+                np.testing.assert_array_equal(got.get(), np.arange(3, dtype=np.int32) + step)
+    if me == 0:
+        for rank in range(2, hvd.size()):
+            MPI.COMM_WORLD.send("done", dest=rank, tag=77)
+    elif me >= 2:
+        assert MPI.COMM_WORLD.recv(source=0, tag=77) == "done"
+    hvd.remove_process_set(pair)
 
 
 def collectives_rows(total, n):

@@ -4,8 +4,8 @@ the manager that picks one per response.
 A backend exposes one generator method per operation (it starts
 non-blocking calls, yields what they wait for and returns the results;
 executor.py drives it), says which responses it can run (`enabled`), owns
-its communicators per process set (made on first use, released by
-`remove_process_set`) and its dtype policy, and allocates a joined rank's
+its communicators per process set (started by `add_process_set` or made
+on first use, released by `remove_process_set`) and its dtype policy, and allocates a joined rank's
 zero stand-ins where its tensors live (`zeros`). `create_backends` is the
 one place that says which backends exist and in which order they are asked:
 for device (CUDA) tensors NCCL first (where CuPy, NCCL and a GPU are
@@ -132,6 +132,14 @@ class OperationManager:
     def zeros(self, response, shape, dtype):
         """A joined rank's stand-in, allocated by the backend that runs it."""
         return self.backend_for(response).zeros(shape, dtype, response.device)
+
+    def add_process_set(self, process_set_id):
+        """A set was registered (on every rank, at the same point): the
+        backends start making its communicators."""
+        for backend in self.backends:
+            start = getattr(backend, "add_process_set", None)
+            if start is not None:
+                start(process_set_id)
 
     def remove_process_set(self, process_set_id):
         for backend in self.backends:

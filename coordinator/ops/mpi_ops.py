@@ -7,16 +7,19 @@ returns one result per entry, so a collective in flight never blocks the
 background thread. The order was decided by the controller; nothing here
 decides anything.
 
-The backend owns its communicators: one per process set, created on the
-set's first operation from the members alone (`Create_group`: every member
-reaches that operation at the same point of its set's order), and freed when
-the set is removed; the host-aware algorithms get theirs the same way.
-`Create_group` blocks until every member has called it, so an operation
-makes its set's communicator (and the host-aware algorithms' ones) in a
-helper thread and waits for it like for any request: a member stopped just
-then leaves the background thread free to answer, and the watchdog names
-the stopped one (rather than the others naming this rank as silent). Its
-dtype policy is in mpi_reduce.py.
+The backend owns its communicators: one per process set, made by the
+members alone (`Create_group`) as the set is registered (at init, or as
+add_process_set's answer runs, at the same point on every rank), and freed
+when the set is removed; the host-aware algorithms get theirs on their
+first operation, which every member runs. Not on the set's first
+operation: a send/recv is run by two of its members, and the others may
+never reach it (made there, the first send/recv of a set of three or more
+waited for ever). `Create_group` blocks until every member has called it,
+so a communicator is made in a helper thread, and an operation waits for
+it like for any request: a member stopped just then leaves the background
+thread free to answer, and the watchdog names the stopped one (rather
+than the others naming this rank as silent). Its dtype policy is in
+mpi_reduce.py.
 
 Device (CUDA) tensors never reach this backend: they go through NCCL
 (nccl_ops.py) or are staged through pinned host memory (staging.py), which
@@ -47,6 +50,7 @@ INT_MAX = 2 ** 31 - 1
 PIECE = 1 << 30
 ALLTOALL_TAG = 78
 P2P_TAG = 79
+PAIR_ID_TAG = 80  # a send/recv pair's NCCL id, and its answer (nccl_ops)
 # Tags of Create_group: 1-4 for the host-aware algorithms (5 and 6 for their
 # NCCL version's id exchange, nccl_ops), SET_TAG + id for sets,
 # DEVICE_SET_TAG + id for the sets' communicators of the device lanes.
@@ -72,8 +76,9 @@ def wait(*requests):
 
 
 class Communicators:
-    """This rank's communicators, one per process set it belongs to, made on
-    first use from `world` and the set's members.
+    """This rank's communicators, one per process set it belongs to, made
+    from `world` and the set's members as the set is registered (`start`),
+    or on first use.
 
     The device lanes of a set get a Communicators of their own
     (`tag=DEVICE_SET_TAG, reuse_world=False`): a set's device and host lanes
@@ -108,6 +113,16 @@ class Communicators:
         making = self._start(process_set_id)
         yield from making.wait()
         return self._take(process_set_id, making)
+
+    def start(self, process_set_id):
+        """Starts making the set's communicator, in a helper thread, where
+        this rank is a member. Every member calls it at the same point
+        (the set's registration): see the module doc."""
+        if process_set_id in self._comms or process_set_id in self._making:
+            return
+        ranks = self.members(process_set_id)
+        if ranks is not None and self.world.rank in ranks:
+            self._start(process_set_id)
 
     def group_when_ready(self, ranks, tag=0):
         """A generator: `group(ranks, tag)` made in a helper thread, yielding
@@ -150,6 +165,9 @@ class Communicators:
         comm = self._comms.pop(process_set_id, None)
         if comm is not None and comm is not self.world:
             comm.Free()
+        making = self._making.pop(process_set_id, None)
+        if making is not None:  # never used: freed once made
+            making.then(lambda comm: comm.Free())
 
     @staticmethod
     def share_on(comm, payload, nbytes):
@@ -165,6 +183,22 @@ class Communicators:
         if comm.rank == 0:
             buf[:] = payload
         return buf, Requests([comm.Ibcast([buf, MPI.BYTE], root=0), comm.Ibarrier()])
+
+    @staticmethod
+    def share_with(comm, payload, peer, nbytes):
+        """share_on for two ranks of `comm` alone: this one and `peer`. The
+        one with `payload` sends it; the other (payload None) answers once
+        it has it, so the requests are done on either rank only once both
+        have started them."""
+        buf, answer = bytearray(nbytes), bytearray(1)
+        if payload is not None:
+            buf[:] = payload
+            requests = [comm.Isend([buf, MPI.BYTE], peer, PAIR_ID_TAG),
+                        comm.Irecv([answer, MPI.BYTE], peer, PAIR_ID_TAG)]
+        else:
+            requests = [comm.Irecv([buf, MPI.BYTE], peer, PAIR_ID_TAG),
+                        comm.Isend([answer, MPI.BYTE], peer, PAIR_ID_TAG)]
+        return buf, Requests(requests)
 
 
 class Making:
@@ -189,6 +223,14 @@ class Making:
 
     def ready(self):
         return self.done.is_set()
+
+    def then(self, use):
+        """Calls `use(comm)` once it is made (in a helper thread, or now)."""
+        def run():
+            self.done.wait()
+            if self.comm is not None:
+                use(self.comm)
+        threading.Thread(target=run, name="coordinator-communicator", daemon=True).start()
 
     def wait(self):
         """A generator: yields this until the communicator is made."""
@@ -292,6 +334,9 @@ class MPIOps:
     def _comm(self, response):
         """A generator: the response's communicator (see when_ready)."""
         return self.comms.when_ready(response.process_set_id)
+
+    def add_process_set(self, process_set_id):
+        self.comms.start(process_set_id)
 
     def remove_process_set(self, process_set_id):
         self.comms.release(process_set_id)

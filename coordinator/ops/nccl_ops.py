@@ -208,6 +208,7 @@ class NCCLOps:
         self.timeline = timeline
         self.kernels = Kernels(self.cp)
         self._lanes = {}  # (process set id, device) -> _Lane
+        self._pairs = {}  # (process set id, device, global rank, global rank) -> _Lane
         self._line = collections.deque()  # lanes waiting to join, in plan order
         self._device = None  # this rank's GPU, once seen
         self._side = {}  # device -> stream for joined ranks' zeros
@@ -242,8 +243,9 @@ class NCCLOps:
         """Destroys the set's NCCL communicators (NCCL finishes their queued
         work first). Its MPI communicators belong to the staging backend's
         host backends, which release them."""
-        for key in [k for k in self._lanes if k[0] == process_set_id]:
-            self._lanes.pop(key).comm.destroy()
+        for lanes in (self._lanes, self._pairs):
+            for key in [k for k in lanes if k[0] == process_set_id]:
+                lanes.pop(key).comm.destroy()
 
     def revoke(self):
         """A peer died: aborts every NCCL communicator (ncclCommAbort: queued
@@ -251,10 +253,17 @@ class NCCLOps:
         forgets it. A re-formed job makes new ones from new unique ids."""
         self.abort_communicators()
 
+    def add_process_set(self, process_set_id):
+        """Starts making the MPI communicator that carries the set's NCCL
+        ids, as the host backend does its own (mpi_ops' module doc)."""
+        self.comms.start(process_set_id)
+
     def abort_communicators(self):
         comms = [lane.comm for lane in self._lanes.values()]
+        comms += [pair.comm for pair in self._pairs.values()]
         comms += [group.comm for group in self._groups.values()]
         self._lanes.clear()
+        self._pairs.clear()
         self._groups.clear()
         for comm in comms:
             try:
@@ -295,20 +304,47 @@ class NCCLOps:
             self._groups[(kind, lane.device)] = group
         return group
 
+    def _pair_lane(self, response, entries, pair):
+        """A send/recv's lane: an NCCL communicator of its two ranks alone,
+        with a stream of its own (PyTorch's NCCL process group does the
+        same). A set's communicator would need every member to join it, and
+        the others may never run an operation of that set. Its id goes from
+        the lower rank to the other over the set's MPI communicator."""
+        device = self._device = gpu.home_device(response, entries, self._device)
+        ranks = sorted(response.ranks)
+        key = (response.process_set_id, device, *ranks)
+        lane = self._pairs.get(key)
+        if lane is None:
+            comm = yield from self.comms.when_ready(response.process_set_id)
+            me, peer = (pair if comm.rank == pair[0] else pair[::-1])
+            rank = 0 if me < peer else 1
+            uid = _id_bytes(self.nccl.get_unique_id()) if rank == 0 else None
+            received, sent = self.comms.share_with(comm, uid, peer, UNIQUE_ID_BYTES)
+            nccl_comm = yield from self._join_after(sent, received, device, 2, rank)
+            with self.cp.cuda.Device(device):
+                stream = self.cp.cuda.Stream(non_blocking=True)
+            lane = self._pairs[key] = _Lane(self.cp, device, nccl_comm, rank, 2, stream)
+        return lane
+
     def _join(self, comm, device):
         """An NCCL communicator over the ranks of MPI communicator `comm`: its
         rank 0 asks NCCL for an id and sends it to the others; once all have
         reached this point, every rank joins, in plan order and in a helper
         thread (see the module doc)."""
         uid = _id_bytes(self.nccl.get_unique_id()) if comm.rank == 0 else None
+        received, sent = self.comms.share_on(comm, uid, UNIQUE_ID_BYTES)
+        return (yield from self._join_after(sent, received, device, comm.size, comm.rank))
+
+    def _join_after(self, sent, received, device, size, rank):
+        """Joins the NCCL communicator whose id `received` holds once `sent`
+        is done, in plan order (the module doc)."""
         ticket = object()
         self._line.append(ticket)
         try:
-            received, sent = self.comms.share_on(comm, uid, UNIQUE_ID_BYTES)
             yield sent
             yield _Turn(self._line, ticket)
             uid = self._id_for_cupy(received)
-            joining = Making(lambda: self._new_communicator(device, comm.size, uid, comm.rank))
+            joining = Making(lambda: self._new_communicator(device, size, uid, rank))
             yield from joining.wait()
             return joining.outcome()
         finally:
@@ -630,21 +666,23 @@ class NCCLOps:
 
     # ------------------------------------------------------------ send/recv
     def p2p(self, response, entries, names, pair):
-        lane = yield from self._lane(response, entries)
-        sender, receiver = pair
+        """`pair`: the sender's and the receiver's ranks in the set."""
+        lane = yield from self._pair_lane(response, entries, pair)
+        sending = self.comms.world.rank == response.ranks[0]
+        peer = 1 - lane.rank  # in the pair's communicator
         spec = response.specs[0]
         with self._on(lane, entries):
-            if lane.rank == sender:
+            if sending:
                 data, result, activity = entries[0].tensor, None, "NCCL_SEND"
                 if data.nbytes:
-                    lane.comm.send(data.data.ptr, data.nbytes, self.nccl.NCCL_UINT8, receiver,
+                    lane.comm.send(data.data.ptr, data.nbytes, self.nccl.NCCL_UINT8, peer,
                                    lane.stream.ptr)
             else:
                 result = self._result(tuple(spec.shape), self._storage(spec.dtype))
                 activity = "NCCL_RECV"
                 if result.nbytes:
                     lane.comm.recv(result.data.ptr, result.nbytes, self.nccl.NCCL_UINT8,
-                                   sender, lane.stream.ptr)
+                                   peer, lane.stream.ptr)
             wait = self._finish(lane, entries, names, activity, [result])
         yield from wait
         return [result]

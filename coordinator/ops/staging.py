@@ -54,6 +54,9 @@ class StagedDeviceOps:
     def zeros(self, shape, dtype, device):
         return self.staging.zeros(shape, dtype, device)
 
+    def add_process_set(self, process_set_id):
+        self.host_ops.add_process_set(process_set_id)
+
     def remove_process_set(self, process_set_id):
         self.host_ops.remove_process_set(process_set_id)
 

@@ -154,6 +154,31 @@ def test_send_and_recv(hvd, cp):
         check(got.get(), np.arange(10), "recv")
 
 
+def test_send_recv_and_allreduces_submitted_in_opposite_orders(hvd, cp):
+    """A send/recv runs on its pair's own NCCL communicator and stream,
+    allreduces on the set's: each rank queues its NCCL calls in the order
+    the negotiation gave (executor.py), whatever order they were submitted
+    in, so no rank waits on the device for a call its peer queued later."""
+    if hvd.size() < 2:
+        pytest.skip("needs 2 ranks")
+    me = hvd.rank()
+    for step in range(3):
+        x = cp.full(1 << 20, me + step, cp.float32)
+        handles = {"ar": lambda: hvd.allreduce_async(x, op=hvd.Sum, name=f"opp.ar.{step}")}
+        if me == 0:
+            handles["p2p"] = lambda: hvd.send_async(cp.arange(7, dtype=cp.int32) + step, 1,
+                                                    name=f"opp.p2p.{step}")
+        elif me == 1:
+            handles["p2p"] = lambda: hvd.recv_async(0, name=f"opp.p2p.{step}")
+        order = sorted(handles, reverse=bool(me % 2))  # the other order on odd ranks
+        handles = {key: handles[key]() for key in order}
+        results = {key: hvd.synchronize(h) for key, h in handles.items()}
+        want = sum(r + step for r in range(hvd.size()))
+        check(results["ar"].get()[:4], np.full(4, want), "allreduce beside send/recv")
+        if me == 1:
+            check(results["p2p"].get(), np.arange(7) + step, "recv beside allreduce")
+
+
 _SPIN = r"""
 extern "C" __global__ void spin(long long cycles) {
     long long start = clock64();

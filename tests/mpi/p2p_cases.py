@@ -82,3 +82,34 @@ def case_large_message_inside_a_process_set(hvd):
         assert_equal(hvd.recv(0, name="big", process_set=pair),
                      np.arange(3_000_000, dtype=np.float32))
     hvd.remove_process_set(pair)
+
+
+def case_the_first_send_of_a_set_needs_no_other_member(hvd):
+    """A set of three ranks whose first operation is a send/recv between two
+    of them, while the third waits elsewhere (on plain MPI, not the
+    coordinator): the set's communicator was made on its first operation,
+    by every member, so the two waited for ever for the third (now it is
+    started as the set is added)."""
+    from mpi4py import MPI
+
+    if hvd.size() < 4:  # (run at np=4 by test_p2p_mpi.py)
+        return
+    me = hvd.rank()
+    trio = hvd.add_process_set([0, 1, 2])
+    if me in (0, 1):
+        if me == 0:
+            hvd.send(np.arange(5, dtype=np.int64), 1, name="first", process_set=trio)
+        else:
+            assert_equal(hvd.recv(0, name="first", process_set=trio),
+                         np.arange(5, dtype=np.int64))
+    if me == 0:
+        for rank in range(1, hvd.size()):
+            MPI.COMM_WORLD.send("done", dest=rank, tag=78)
+    else:
+        assert MPI.COMM_WORLD.recv(source=0, tag=78) == "done"
+    # the set still works for all its members afterwards
+    if me < 3:
+        total = hvd.allreduce(np.full(2, me, np.float64), op=hvd.Sum, name="after",
+                              process_set=trio)
+        assert_equal(total, np.full(2, 3.0))
+    hvd.remove_process_set(trio)

@@ -74,7 +74,7 @@ def give_up():
 
     part = "operations"
     executor = Executor()
-    executor.start(Operation(None, [], ["late"], 0, allreduce()))
+    executor.start(Operation(None, [], ["late"], (0, -1), allreduce()))  # (set, host)
     assert len(executor.abandon()) == 1
     part = "sends"
     channel = ControlChannel(channel_comm)
