@@ -242,7 +242,7 @@ def test_a_silent_worker_on_the_drivers_machine_is_ended_by_the_driver(sleeper):
     proc, start = sleeper
     clock = Clock()
     d = _silent_driver(clock, None, proc.pid, start)
-    d.processes[(0, 2)] = (liveness.host_identity(), proc.pid, start)
+    d.registered[(0, 2)] = (liveness.host_identity(), proc.pid, start)
     clock.now += 20
     for rank in (0, 1):
         d.heartbeat(0, rank)
@@ -272,7 +272,7 @@ def test_a_silent_worker_nobody_can_end_stops_the_job_saying_so(sleeper):
     proc, start = sleeper
     clock = Clock()
     d = _silent_driver(clock, "other-machine", proc.pid, start)
-    d.processes[(0, 0)] = (liveness.host_identity(), proc.pid, start + 1)  # not that process
+    d.registered[(0, 0)] = (liveness.host_identity(), proc.pid, start + 1)  # not that process
     clock.now += 31
     d._check_heartbeats()
     assert sorted(k[:2] for k in d.to_end()) == [(0, 0), (0, 1), (0, 2)]
@@ -294,7 +294,7 @@ def test_without_a_silence_limit_silence_is_only_reported(sleeper, caplog):
     proc, start = sleeper
     clock = Clock()
     d = _silent_driver(clock, None, proc.pid, start, limit=None)
-    d.processes[(0, 2)] = (liveness.host_identity(), proc.pid, start)
+    d.registered[(0, 2)] = (liveness.host_identity(), proc.pid, start)
     clock.now += 100
     with caplog.at_level(logging.WARNING, logger="coordinator.elastic"):
         d._check_heartbeats()
@@ -370,7 +370,7 @@ def test_an_authenticated_worker_registers(served):
     d, _, address = served
     client = service.DriverClient(address, SECRET)
     assert client.register(0, 2, 3, 99) == ("b", 0)
-    assert d.registered[(0, 2)] == 99
+    assert d.registered[(0, 2)][1] == 99  # (host identity, pid, start time)
 
 
 def test_an_unauthenticated_client_is_refused_and_logged(served, caplog):

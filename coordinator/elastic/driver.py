@@ -100,6 +100,12 @@ def assign(available: List[Tuple[str, int]], kept: List[Slot], max_np: Optional[
     return stay, leave, free[:room]
 
 
+def _identified(process):
+    """Whether a registered (identity, pid, start) names its process fully,
+    so that it can be ended (liveness.end_process)."""
+    return process is not None and bool(process[0]) and bool(process[2])
+
+
 def _describe(slots):
     return ", ".join(f"{h}[{k}]" for h, k in slots)
 
@@ -127,9 +133,9 @@ class ElasticDriver:
         self.hosts_version = 0
         self.notices: List[Tuple[int, int]] = []  # (version, update bits)
         self.stop_reason: Optional[str] = None
-        self.registered: Dict[Tuple[int, int], int] = {}  # (generation, rank) -> pid
         # (generation, rank) -> (host identity, pid, start time), as registered
-        self.processes: Dict[Tuple[int, int], Tuple[str, int, int]] = {}
+        # (identity "" and start 0 where the worker did not say)
+        self.registered: Dict[Tuple[int, int], Tuple[str, int, int]] = {}
         self.heard: Dict[Tuple[int, int], float] = {}
         # Seconds without a heartbeat after which a worker of the current
         # membership is ended (coordrun: ULFM's detector timeout, for an
@@ -233,9 +239,7 @@ class ElasticDriver:
             if size != len(self.worlds[generation]):
                 raise InvalidRequest(f"membership {generation} has "
                                      f"{len(self.worlds[generation])} workers, not {size}")
-            self.registered[(generation, rank)] = pid
-            if identity and start:
-                self.processes[(generation, rank)] = (identity, pid, start)
+            self.registered[(generation, rank)] = (identity, pid, start)
             self.heard[(generation, rank)] = self.clock()
             self.cond.notify_all()
             return slot
@@ -251,9 +255,9 @@ class ElasticDriver:
         """The silent workers whose end the driver asked for and that are
         still silent: (generation, rank, host identity, pid, start time)."""
         with self.cond:
-            return [key + self.processes[key] for key in self.ending
+            return [key + self.registered[key] for key in self.ending
                     if key[0] == self.generation and key in self.heard
-                    and key in self.processes]
+                    and _identified(self.registered.get(key))]
 
     def finish(self, generation: int, rank: int, outcome: Outcome):
         with self.cond:
@@ -429,8 +433,8 @@ class ElasticDriver:
     def _end_here(self, key):
         """Ends a silent worker that runs on the driver's own machine (the
         others learn of the rest from their heartbeats' replies)."""
-        process = self.processes.get(key)
-        if process is not None and liveness.end_process(*process):
+        process = self.registered.get(key)
+        if _identified(process) and liveness.end_process(*process):
             log.warning("driver: ended pid %d (rank %d of membership %d)", process[1], key[1],
                         key[0])
 

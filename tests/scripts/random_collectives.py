@@ -95,8 +95,13 @@ if FAKE_GPU:
     import gpu_fakes
     from coordinator import gpu
 
+    # FAKE_GPU_LATENCY=S: each NCCL call keeps its stream busy S seconds
+    # (plus 1 GB/s), so operations stay in flight on the "device" after
+    # their calls and lanes overlap
+    latency = float(os.environ.get("FAKE_GPU_LATENCY", "0")) or None
     gpu._modules["cupy"] = gpu_fakes.fake_cupy(
-        gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup()),
+        gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup(), latency=latency,
+                           bandwidth=1e9 if latency else None),
         gpu_fakes.HostKernels(tempfile.mkdtemp(prefix=f"host-kernels-{MPI.COMM_WORLD.rank}-")))
 hvd.init(process_sets=[SETS["pair"], SETS["tail"]])
 ME = hvd.rank()
