@@ -106,6 +106,8 @@ class _Group:
 
 
 def _round_bound(resp):
+    if resp.error:  # runs no collective: no order to keep (and names no device)
+        return in_rounds(resp.op, resp.process_set_id)
     return answered_in_rounds(resp.op, resp.process_set_id, resp.device)
 
 
@@ -384,8 +386,9 @@ class Controller:
         """Something for the next round that ranks outside its set do not
         wait for: another set's (or a send/recv's) plan on a GPU
         (negotiation.answered_in_rounds)."""
-        return (any(_streamed_to_round(p.response.op, p.response.process_set_id,
-                                       p.response.device) for p in self._plans)
+        return (any(_round_bound(p.response) and not in_rounds(p.response.op,
+                                                               p.response.process_set_id)
+                    for p in self._plans)
                 or any(_streamed_to_round(n.representative().op, n.process_set_id,
                                           n.representative().device) for n in self._ready))
 

@@ -167,6 +167,18 @@ def test_another_sets_gpu_plans_wait_for_a_round_while_its_host_plans_stream():
     assert not ctl.has_device_stream_output() and not ctl.has_global_output()
 
 
+def test_another_sets_errors_stream_out_on_a_gpu_too():
+    """An error runs no collective, so it has no order to keep: it goes out
+    as it is decided (an error response names no device)."""
+    ctl = Controller(3)
+    ctl.register_process_set(1, [0, 1])
+    submit(ctl, 0, req("bad", process_set_id=1, device=0))
+    submit(ctl, 1, req("bad", process_set_id=1, device=0, shape=(5,)))
+    (streamed,) = ctl.take_plans(global_set=False)
+    assert "Mismatched" in streamed.response.error
+    assert not ctl.has_device_stream_output() and not ctl.has_global_output()
+
+
 def test_the_global_sets_gpu_plans_need_no_waking():
     ctl = Controller(2)
     for rank in (0, 1):
