@@ -215,13 +215,15 @@ def test_a_rank_that_answers_but_never_starts_a_collective_is_named_and_fails_th
 
 
 @pytest.mark.mpi
-def test_a_rank_stopped_before_making_a_new_sets_communicator_is_named_not_its_peers():
+def test_a_rank_stopped_before_a_new_sets_first_operation_is_named_not_its_peers():
     """Making a set's communicator blocks until every member makes it; rank
     0 makes it in a helper thread, so its coordinator keeps answering while
     rank 1 is stopped: rank 0 names rank 1 and what it holds up, nobody
     names rank 0, and all finish once rank 1 runs again. Before, rank 0's
     background thread sat in MPI_Comm_create_group, and rank 2 warned that
-    rank 0 (the coordinator) had stopped answering."""
+    rank 0 (the coordinator) had stopped answering. (The communicator is
+    made as the set is added since bb4b04b, so rank 1 now stops after it
+    is made, with rank 0 inside the set's allreduce.)"""
     proc = mpirun(["tests/scripts/stopped_in_new_set.py", "8"], np_=3,
                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2"}, timeout=120)
     out = proc.stdout + proc.stderr

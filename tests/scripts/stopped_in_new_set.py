@@ -1,8 +1,9 @@
 """Rank 1 is stopped (SIGSTOP) as it starts the first operation of a new
-process set {0, 1}, before it has made the set's communicator, and continued
-RESUME seconds later; rank 2 goes on to a global allreduce meanwhile. Run
-with HOROVOD_STALL_CHECK_TIME_SECONDS=2. Making a set's communicator blocks
-until every member makes it; rank 0 does so in a helper thread, so its
+process set {0, 1}, and continued RESUME seconds later; rank 2 goes on to a
+global allreduce meanwhile. Run with HOROVOD_STALL_CHECK_TIME_SECONDS=2.
+Making a set's communicator blocks until every member makes it; rank 0
+does so in a helper thread (as the set is added; until bb4b04b, on the
+set's first operation, where rank 1 stopped before making it), so its
 coordinator keeps answering: rank 0 names rank 1, and nobody names rank 0.
 Every rank prints `RANK r: done` once both allreduces are through."""
 
@@ -40,6 +41,10 @@ class StopAtTheSet:
             subprocess.Popen(["sh", "-c", f"sleep {RESUME}; kill -CONT {os.getpid()}"])
             print(f"RANK {me}: stopping at {time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
+            # The process stops as each thread next enters the kernel, this
+            # one possibly after posting its part (seen once the set's
+            # communicator was made before): it waits here until it has.
+            time.sleep(1.0)
         return self.ops.run(response, *args, **kwargs)
 
 
