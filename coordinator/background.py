@@ -83,6 +83,13 @@ BACKOFF_MAX = 500e-6
 LIVENESS_PERIOD = 0.1
 # How often the control channel is probed while nothing streamed is expected.
 CONTROL_POLL = 500e-6
+# A worker rank 0 asked to post a cycle for another set's GPU plans
+# (ResponseList.cycle) looks for the next such request at least this often
+# while idle, for WAKE_HOLD seconds after it: each waits for every rank, and
+# an idle rank's 50 ms poll (COORDINATOR_IDLE_POLL_SECONDS) made every such
+# operation take 52 ms (median, fake GPU, np=3: tests/scripts/set_latency.py).
+WAKE_POLL = 1e-3
+WAKE_HOLD = 2.0
 # Once every rank is shutting down, how long operations in flight get.
 FINAL_GRACE = 1.0
 # How a negotiation cycle or round in flight is named to the watchdog.
@@ -235,6 +242,7 @@ class Background:
         self.rounds = 0
         self.cycles = 0  # cycles posted (every rank posts the same ones)
         self._woken_cycle = 0  # rank 0: the last cycle it asked everyone to post
+        self._woken_until = 0.0  # a worker: when to poll at the idle pace again (WAKE_HOLD)
         self.flags = 0  # what the last cycle said
         self._more = False  # whether it said that someone still waits
         self._completed = False  # whether this turn completed an entry
@@ -480,6 +488,8 @@ class Background:
             timeout = min(BACKOFF_MIN * (1 << min(sleeps, 16)), BACKOFF_MAX)
         else:
             timeout = self.config.idle_poll_interval
+            if self._woken_until and time.monotonic() < self._woken_until:
+                timeout = min(timeout, WAKE_POLL)
         if not self.cycle.in_flight and self.round is None:
             now = time.monotonic()
             # (hold.until is set where _post_due asked _holding_for_device,
@@ -1122,8 +1132,10 @@ class Background:
                 self._pinged = True
                 self._next_watch = 0.0
                 self._woken = True  # rank 0 waits on a cycle: take part
-            if msg.cycle > self.cycles:
-                self._woken = True  # rank 0 posted a cycle this rank has not
+            if msg.cycle:
+                self._woken_until = time.monotonic() + WAKE_HOLD
+                if msg.cycle > self.cycles:
+                    self._woken = True  # rank 0 posted a cycle this rank has not
             if msg.shutdown:
                 self._answered = msg.round
                 self._begin_final(msg.shutdown_reason)
