@@ -97,6 +97,7 @@ def _loop_state(inflight, waiting, spin_waited, executor=()):
     bg.spin_waited = spin_waited
     # What _post_due reads: no cycle due.
     bg._woken = False
+    bg._woken_until = 0.0
     bg.classic = []
     bg.resend = []
     bg.is_coordinator = False
@@ -119,6 +120,19 @@ def test_loop_polls_while_a_thread_waits_and_sleeps_otherwise():
     # Past the waited window the loop backs off again, waiter or not.
     long_ago = time.perf_counter() - 2 * budget
     assert _loop_state(1, 1, budget)._timeout(3, long_ago) > 0
+
+
+def test_an_idle_worker_asked_into_a_cycle_polls_faster_for_a_while():
+    """Rank 0 asked it to post a cycle for another set's GPU plans (each
+    waits for a round of every rank): for WAKE_HOLD seconds after, it looks
+    for the next request every WAKE_POLL, not every idle poll (50 ms: each
+    such operation took 52 ms)."""
+    last = time.perf_counter() - 1.0
+    state = _loop_state(0, 0, 0.0)
+    state._woken_until = time.monotonic() + background.WAKE_HOLD
+    assert state._timeout(3, last) == background.WAKE_POLL
+    state._woken_until = time.monotonic() - 0.1  # the hold is over
+    assert state._timeout(3, last) == 0.05
 
 
 def test_gpu_work_in_flight_is_waited_for_as_mpi_work_is():
