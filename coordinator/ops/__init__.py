@@ -105,21 +105,22 @@ class OperationManager:
     def __init__(self, backends):
         self.backends = list(backends)
 
+    def _each(self, method, *args):
+        """Calls `method` of every backend that has it."""
+        for backend in self.backends:
+            call = getattr(backend, method, None)
+            if call is not None:
+                call(*args)
+
     def revoke(self):
         """After a peer died: releases peers waiting on the backends'
         communicators (ULFM), so a re-formed job leaves nothing stuck."""
-        for backend in self.backends:
-            revoke = getattr(backend, "revoke", None)
-            if revoke is not None:
-                revoke()
+        self._each("revoke")
 
     def abort_device_communicators(self):
         """After the job failed: drops the work queued on this rank's device
         communicators (ncclCommAbort), which peers may never finish."""
-        for backend in self.backends:
-            abort = getattr(backend, "abort_communicators", None)
-            if abort is not None:
-                abort()
+        self._each("abort_communicators")
 
     def backend_for(self, response):
         for backend in self.backends:
@@ -136,16 +137,10 @@ class OperationManager:
     def add_process_set(self, process_set_id):
         """A set was registered (on every rank, at the same point): the
         backends start making its communicators."""
-        for backend in self.backends:
-            start = getattr(backend, "add_process_set", None)
-            if start is not None:
-                start(process_set_id)
+        self._each("add_process_set", process_set_id)
 
     def remove_process_set(self, process_set_id):
-        for backend in self.backends:
-            release = getattr(backend, "remove_process_set", None)
-            if release is not None:
-                release(process_set_id)
+        self._each("remove_process_set", process_set_id)
 
     def run(self, response, entries, names, **kwargs):
         """The generator that runs `response` (see the module doc)."""
