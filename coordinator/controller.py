@@ -111,8 +111,11 @@ def _round_bound(resp):
     return answered_in_rounds(resp.op, resp.process_set_id, resp.device)
 
 
-def _streamed_to_round(op, process_set_id, device):
-    return not in_rounds(op, process_set_id) and answered_in_rounds(op, process_set_id, device)
+def _streamed_to_round(item):
+    """Whether a request or response (not an error) streams to rank 0 but
+    is answered in a round (negotiation.answered_in_rounds)."""
+    return (not in_rounds(item.op, item.process_set_id)
+            and answered_in_rounds(item.op, item.process_set_id, item.device))
 
 
 def _shape(req):
@@ -386,11 +389,9 @@ class Controller:
         """Something for the next round that ranks outside its set do not
         wait for: another set's (or a send/recv's) plan on a GPU
         (negotiation.answered_in_rounds)."""
-        return (any(_round_bound(p.response) and not in_rounds(p.response.op,
-                                                               p.response.process_set_id)
+        return (any(not p.response.error and _streamed_to_round(p.response)
                     for p in self._plans)
-                or any(_streamed_to_round(n.representative().op, n.process_set_id,
-                                          n.representative().device) for n in self._ready))
+                or any(_streamed_to_round(n.representative()) for n in self._ready))
 
     def has_stream_pending(self):
         """Open negotiations of other sets or send/recv (streamed)."""
