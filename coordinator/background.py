@@ -513,8 +513,6 @@ class Background:
         worked |= self._control()
         if not self.finished:
             worked |= self._negotiate()
-            if self.is_coordinator:
-                self._wake_for_device_plans()
         if self.executor and not self.finished:
             worked |= self._progress()
         self.channel.progress()
@@ -677,13 +675,17 @@ class Background:
         self._load_riders()
         self.cycle.post(flags, now, self.slots.digest)
         self.cycles += 1
+        if self.is_coordinator:
+            self._wake_for_device_plans()
 
     def _wake_for_device_plans(self):
         """Rank 0, holding another set's GPU plans for a round (or a cycle
         away from them): every rank takes part in the cycle in flight, and
         so in the round it leads to, those outside the set (idle, they
         would not post) as well as its members (their requests streamed,
-        they wait for no round). Once per cycle."""
+        they wait for no round). Once per cycle; asked as a cycle is posted
+        and as streamed requests arrive, the only ways such plans meet a
+        cycle in flight."""
         if (not self.cycle.in_flight or self._woken_cycle >= self.cycles
                 or not self.controller.has_device_stream_output()):
             return
@@ -1063,6 +1065,8 @@ class Background:
         if own is not None:
             ctl.submit(0, own)
             worked = True
+        if worked:
+            self._wake_for_device_plans()
         now = time.monotonic()
         self._inspect_stalls(now)
         worked |= self._stream_out(now)
