@@ -255,6 +255,7 @@ class Background:
         self._handover = None
         self._fresh = False  # submitted since the last cycle was posted
         self._woken = False  # asked to post a cycle (a ping, a report)
+        self._join_to_post = False  # a join waits for its first cycle
         self._next_post = 0.0
         # HOROVOD_CYCLE_TIME: cycles start at least this far apart, so more
         # tensors gather for each (0: as soon as there is work).
@@ -542,6 +543,8 @@ class Background:
                 continue
             if e.rejected:
                 self._refusing[e.key] = self.rounds
+            elif e.op == pb.JOIN:
+                self._join_to_post = True
             taken.append((e, self._slot_for(e)))
         for e, slot in _whole_groups(taken):
             if slot is not None:
@@ -675,8 +678,36 @@ class Background:
         self._load_riders()
         self.cycle.post(flags, now, self.slots.digest)
         self.cycles += 1
+        if self._join_to_post and flags & FLAG_CLASSIC:
+            self._join_to_post = False
+            self._wake_for_join()
         if self.is_coordinator:
             self._wake_for_device_plans()
+
+    def _wake_for_join(self):
+        """Every rank into the cycle just posted, which carries this rank's
+        join to its round. The others post only for global-set work, and
+        they may be waiting on other sets' operations alone, which need no
+        cycle, while one of those needs this join (a joined member takes
+        part with zeros): without it they would wait until a watchdog ping
+        (never, with stall checks off). Rank 0 asks them itself; a worker
+        asks rank 0."""
+        if self.is_coordinator:
+            self._ask_everyone_into(self.cycles)
+        else:
+            self.channel.send(0, TAG_REQUEST,
+                              pb.RequestList(cycle=self.cycles).SerializeToString())
+
+    def _ask_everyone_into(self, cycle):
+        """Rank 0: every worker (and this rank) posts `cycle`, once."""
+        if cycle <= self._woken_cycle:
+            return
+        self._woken_cycle = cycle
+        if cycle > self.cycles:
+            self._woken = True
+        payload = pb.ResponseList(cycle=cycle).SerializeToString()
+        for rank in range(1, self.size):
+            self.channel.send(rank, TAG_RESPONSE, payload)
 
     def _wake_for_device_plans(self):
         """Rank 0, holding another set's GPU plans for a round (or a cycle
@@ -689,10 +720,7 @@ class Background:
         if (not self.cycle.in_flight or self._woken_cycle >= self.cycles
                 or not self.controller.has_device_stream_output()):
             return
-        self._woken_cycle = self.cycles
-        payload = pb.ResponseList(cycle=self.cycles).SerializeToString()
-        for rank in range(1, self.size):
-            self.channel.send(rank, TAG_RESPONSE, payload)
+        self._ask_everyone_into(self.cycles)
 
     def _load_riders(self):
         """Copies the data of the riders waiting here into the cycle's
@@ -1059,6 +1087,8 @@ class Background:
                                for p in msg.positions})
                 self.channel.send(source, TAG_RESPONSE, b"")  # an empty answer: alive
                 self._woken = True  # a worker waits: take part in a cycle
+            if msg.cycle:
+                self._ask_everyone_into(msg.cycle)  # a worker's join (_wake_for_join)
             if msg.requests or msg.cached:
                 ctl.submit(source, msg)
         own = self._stream_requests()
