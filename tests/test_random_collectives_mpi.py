@@ -66,8 +66,15 @@ def test_random_collectives_match_numpy_on_every_rank(setting):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_, env", [(2, {}), (3, {}), (3, {"HOROVOD_CACHE_CAPACITY": "2"})],
-                         ids=["2", "3", "3_cache_of_two"])
+@pytest.mark.parametrize("np_, env", [
+    (2, {}), (3, {}), (3, {"HOROVOD_CACHE_CAPACITY": "2"}),
+    # allreduces of two process sets too, stall checks off: a join that
+    # another set's allreduce needed waited for a cycle nobody else posted
+    (4, {"SETS": "1", "HOROVOD_STALL_CHECK_DISABLE": "1"}),
+    # "CUDA" arrays through the NCCL backend (fake CuPy): its zero
+    # stand-ins for the joined ranks, on the global set and the others
+    (3, {"SETS": "1", "FAKE_GPU": "1"})],
+    ids=["2", "3", "3_cache_of_two", "4_sets", "3_sets_fake_gpu"])
 def test_random_uneven_steps_with_join_match_numpy_on_every_rank(np_, env):
     """Each rank runs its own number of steps and joins, round after round;
     what the joined ranks stand in for is checked too (a grouped allreduce

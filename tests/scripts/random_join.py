@@ -10,9 +10,18 @@ the whole job, as in Horovod: so step s's result is the sum over the ranks
 still running at step s. join() returns the same last rank everywhere.
 Prints "OK <rank> <rounds>" at the end.
 
+With FAKE_GPU=1 every tensor is a "CUDA" array of the fake CuPy
+(tests/gpu_fakes.py), so the NCCL backend's device fusion and its zero
+stand-ins for joined ranks run (FAKE_GPU_LATENCY=S keeps the fake's
+streams busy S seconds per NCCL call). With SETS=1 some operations go to
+two process sets, ranks [0, 1] and the last two, where a joined member
+takes part with zeros as in the global set and Average divides by the
+set's size.
+
 Usage: mpirun -n N python random_join.py SEED ROUNDS
 """
 
+import os
 import random
 import sys
 
@@ -22,9 +31,38 @@ import coordinator as hvd
 
 SEED, ROUNDS = int(sys.argv[1]), int(sys.argv[2])
 DTYPES = (np.float32, np.float64, np.int32, np.int64, np.float16)
+FAKE_GPU = os.environ.get("FAKE_GPU") == "1"
+USE_SETS = os.environ.get("SETS") == "1"
 
-hvd.init()
+if FAKE_GPU:
+    import tempfile
+
+    from mpi4py import MPI
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import gpu_fakes
+    from coordinator import gpu
+
+    latency = float(os.environ.get("FAKE_GPU_LATENCY", "0")) or None
+    gpu._modules["cupy"] = gpu_fakes.fake_cupy(
+        gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup(), latency=latency,
+                           bandwidth=1e9 if latency else None),
+        gpu_fakes.HostKernels(tempfile.mkdtemp(prefix=f"host-kernels-{MPI.COMM_WORLD.rank}-")))
+if USE_SETS:
+    from mpi4py import MPI
+
+    _size = MPI.COMM_WORLD.size
+    SETS = {"global": hvd.global_process_set, "pair": hvd.ProcessSet([0, 1]),
+            "tail": hvd.ProcessSet([_size - 2, _size - 1])}
+    hvd.init(process_sets=[SETS["pair"], SETS["tail"]])
+else:
+    SETS = {"global": hvd.global_process_set}
+    hvd.init()
 ME, SIZE = hvd.rank(), hvd.size()
+
+
+def members(d):
+    return SETS[d["set"]].ranks or list(range(SIZE))
 
 
 def value(seed, rank, shape, dtype):
@@ -45,32 +83,37 @@ def draw(rng, rnd, step, i):
         dtype = DTYPES[shape_rng.randrange(len(DTYPES))]
         op = hvd.Sum if np.dtype(dtype).kind != "f" or shape_rng.random() < 0.5 else hvd.Average
     shape = tuple(shape_rng.randint(1, 4) for _ in range(shape_rng.randint(0, 2)))
-    return dict(name=name, kind=kind, dtype=dtype, op=op, shape=shape,
+    pset = rng.choice(("global", "global", "pair", "tail")) if USE_SETS else "global"
+    return dict(name=name, kind=kind, dtype=dtype, op=op, shape=shape, set=pset,
                 count=1 + (i % 2 if kind == "grouped_allreduce" else 0),
                 seed=rng.randrange(1 << 30))
 
 
 def submit(d, running):
     """This rank's part of `d`, and the result expected: the sum over the
-    ranks still running (Average: divided by every rank)."""
+    set's ranks still running (Average: divided by every rank of the set)."""
     tensors, expected = [], []
+    running = [r for r in running if r in members(d)]
     for k in range(d["count"]):
         per_rank = {r: value(d["seed"] + k, r, d["shape"], d["dtype"]) for r in running}
         total = sum(per_rank[r].astype(np.float64) for r in running)
         if d["op"] is hvd.Average:
-            total = total / SIZE
-        tensors.append(per_rank[ME])
+            total = total / len(members(d))
+        tensors.append(gpu_fakes.FakeDeviceArray(per_rank[ME]) if FAKE_GPU else per_rank[ME])
         expected.append(np.asarray(total).astype(d["dtype"]))
+    pset = SETS[d["set"]]
     if d["kind"] == "allreduce":
-        return hvd.allreduce_async(tensors[0], name=d["name"], op=d["op"]), expected
-    return hvd.grouped_allreduce_async(tensors, name=d["name"], op=d["op"]), expected
+        return hvd.allreduce_async(tensors[0], name=d["name"], op=d["op"],
+                                   process_set=pset), expected
+    return hvd.grouped_allreduce_async(tensors, name=d["name"], op=d["op"],
+                                       process_set=pset), expected
 
 
 def check(d, result, expected):
     results = result if isinstance(result, list) else [result]
     assert len(results) == len(expected), (d["name"], results, expected)
     for got, want in zip(results, expected):
-        got = np.asarray(got)
+        got = got.get() if hasattr(got, "get") else np.asarray(got)
         assert got.dtype == want.dtype and got.shape == want.shape, (
             d["name"], got.dtype, got.shape, want.dtype, want.shape)
         tol = 2e-3 if got.dtype == np.float16 else 1e-6
@@ -87,11 +130,15 @@ for rnd in range(ROUNDS):
         step_rng = random.Random(SEED * 7919 + rnd * 101 + step)
         drawn = [draw(step_rng, rnd, step, i) for i in range(step_rng.randint(1, 4))]
         random.Random(SEED + rnd * 13 + step * 17 + ME).shuffle(drawn)
-        pending = [(d,) + submit(d, running) for d in drawn]
+        pending = [(d,) + submit(d, running) for d in drawn if ME in members(d)]
         for d, handle, expected in pending:
             check(d, hvd.synchronize(handle), expected)
-    last = hvd.join()
-    assert last in last_to_join, (rnd, last, steps)
+    last = hvd.join(0 if FAKE_GPU else -1)
+    # A rank's last step on the global set needs every other rank's join,
+    # so the rank with the most steps joins last; with sets it may need
+    # only some of them, and a rank that ran out of steps earlier may still
+    # join after it.
+    assert last in (last_to_join if not USE_SETS else range(SIZE)), (rnd, last, steps)
     everyone = hvd.allgather(np.array([last], np.int64), name=f"last.{rnd}")
     assert (everyone == last).all(), (rnd, everyone)
 hvd.shutdown()
