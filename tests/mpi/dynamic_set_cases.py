@@ -62,4 +62,3 @@ def case_a_tensor_waiting_on_a_removed_set_fails_naming_the_set(hvd):
         text = str(exc)
         assert f"process set {pid}" in text and "'orphan'" in text and "removed" in text, text
     hvd.barrier()
-
