@@ -29,6 +29,11 @@ something is in flight (an idle job sends nothing):
   others have had in flight for `check_time` has not started it; after
   `shutdown_time` (or `silence`) the job fails.
 
+With stall checks off (HOROVOD_STALL_CHECK_DISABLE) there are no warnings
+and no stall shutdown time, but `silence` still holds: the setting quiets
+the reports of slow ranks, and a stopped one would otherwise hang the job
+for good.
+
 `period` is a quarter of the shortest of the times, at most 1 s. The
 classes here are plain Python with an injectable clock; background.py sends
 and receives the messages.
@@ -42,10 +47,16 @@ MAX_PERIOD = 1.0
 MIN_PERIOD = 0.05
 
 
+def watch_times(check_time, shutdown_time, disabled):
+    """(check time, shutdown time) in force: none with stall checks off."""
+    return (0.0, 0.0) if disabled else (check_time, shutdown_time)
+
+
 def watch_period(check_time, shutdown_time, disabled=False, silence=0.0):
-    """Seconds between reports and pings, or None when stall checks are off."""
-    times = [t for t in (check_time, shutdown_time, silence) if t > 0]
-    if disabled or not times:
+    """Seconds between reports and pings, or None when nothing is watched
+    (no times, or stall checks off and no silence limit)."""
+    times = [t for t in (*watch_times(check_time, shutdown_time, disabled), silence) if t > 0]
+    if not times:
         return None
     return max(MIN_PERIOD, min(MAX_PERIOD, min(times) / 4))
 
@@ -106,8 +117,7 @@ class Watchdog:
     def __init__(self, rank, check_time, shutdown_time, disabled=False, clock=time.monotonic,
                  silence=0.0):
         self.rank = rank
-        self.check_time = check_time
-        self.shutdown_time = shutdown_time
+        self.check_time, self.shutdown_time = watch_times(check_time, shutdown_time, disabled)
         self.silence = silence
         self.period = watch_period(check_time, shutdown_time, disabled, silence)
         self.clock = clock
@@ -282,8 +292,7 @@ class CoordinatorWatch:
 
     def __init__(self, check_time, shutdown_time, disabled=False, clock=time.monotonic,
                  silence=0.0):
-        self.check_time = check_time
-        self.shutdown_time = shutdown_time
+        self.check_time, self.shutdown_time = watch_times(check_time, shutdown_time, disabled)
         self.silence = silence
         self.period = watch_period(check_time, shutdown_time, disabled, silence)
         self.clock = clock

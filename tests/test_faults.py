@@ -68,17 +68,25 @@ def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("checks", ["on", "disabled"])
 @pytest.mark.parametrize("mode", ["collective", "between"])
-def test_without_a_stall_shutdown_time_a_stopped_rank_fails_after_the_silence_limit(mode):
+def test_without_a_stall_shutdown_time_a_stopped_rank_fails_after_the_silence_limit(
+        mode, checks):
     """Horovod's defaults (no stall shutdown time): a rank that does not
     answer is stopped, not slow, so after COORDINATOR_SILENT_RANK_SECONDS
     (120 s by default, 5 here) every rank gets the StallError naming it,
-    where the job used to warn for ever."""
-    proc = mpirun(["tests/scripts/stopped_rank.py", mode, "1", "9"], np_=2,
-                  env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2",
-                       "COORDINATOR_SILENT_RANK_SECONDS": "5"}, timeout=120)
+    where the job used to warn for ever. With stall checks disabled
+    (HOROVOD_STALL_CHECK_DISABLE) nothing is warned about, and the limit
+    holds all the same: the job used to wait silently for good."""
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "COORDINATOR_SILENT_RANK_SECONDS": "5"}
+    if checks == "disabled":
+        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    proc = mpirun(["tests/scripts/stopped_rank.py", mode, "1", "9"], np_=2, env=env,
+                  timeout=120)
     out = proc.stdout + proc.stderr
     assert "rank 1 has not answered" in out, out
+    if checks == "disabled":
+        assert "WARNING" not in out, out
     for rank in range(2):
         (line,) = _lines(out, f"RANK {rank}: StallError")
         assert "(COORDINATOR_SILENT_RANK_SECONDS)" in line, line

@@ -133,10 +133,40 @@ def test_a_short_wait_names_nobody():
     assert warnings == [] and fatal is None
 
 
-def test_disabled_checks_do_nothing():
+def test_disabled_checks_without_a_silence_limit_do_nothing():
     clock = Clock()
     dog = Watchdog(0, CHECK, SHUTDOWN, disabled=True, clock=clock)
     assert dog.inspect(_own(0.0), MEMBERS, own_positions={LANE: 0}) == (set(), [], None)
+
+
+def test_disabled_checks_keep_only_the_silence_limit():
+    """HOROVOD_STALL_CHECK_DISABLE quiets the warnings and drops the stall
+    shutdown time; a member that stops answering still fails the job after
+    COORDINATOR_SILENT_RANK_SECONDS, where it used to hang it for good."""
+    clock = Clock()
+    dog = Watchdog(0, CHECK, SHUTDOWN, disabled=True, clock=clock, silence=8.0)
+    own = _own(clock.now)
+    warnings, fatal = _run(dog, clock, clock.now + 7.5, own, answers=(2,))
+    assert warnings == [] and fatal is None  # past CHECK and SHUTDOWN: neither holds
+    warnings, fatal = _run(dog, clock, clock.now + 2, own, answers=(2,))
+    assert warnings == [] and "rank 1 has not answered for 8.0 s" in fatal, fatal
+    assert fatal.endswith("(COORDINATOR_SILENT_RANK_SECONDS)"), fatal
+
+
+def test_a_worker_with_checks_disabled_keeps_only_the_silence_limit():
+    from coordinator.watchdog import CoordinatorWatch
+
+    clock = Clock()
+    watch = CoordinatorWatch(CHECK, SHUTDOWN, disabled=True, clock=clock, silence=8.0)
+    said, fatal = [], None
+    while fatal is None and clock.now < 130:
+        if watch.report_due(busy=True):
+            watch.sent_report(listed_ops=True)
+        text, fatal = watch.inspect("allreduce of tensor 'grad'")
+        said += [text] if text else []
+        clock.now += 0.25
+    assert said == [] and fatal.endswith("(COORDINATOR_SILENT_RANK_SECONDS)"), (said, fatal)
+    assert "has not answered for 8.0 s" in fatal and clock.now < 111, fatal
 
 
 def test_inside_says_which_long_collective_a_rank_is_in():
