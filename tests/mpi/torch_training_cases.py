@@ -490,6 +490,39 @@ def case_adasum_optimizer_combines_each_ranks_update(_core):
     assert "Adasum" in str(exc)
 
 
+def case_uneven_batches_with_join_train_as_the_running_ranks_average(_core):
+    """Horovod's recipe for uneven data: each rank steps through its own
+    number of batches, then joins. While a rank has joined it takes part
+    in the others' gradient allreduces with zeros, and Average still
+    divides by every rank, so step s's gradient is the sum over the ranks
+    still running, over the job's size. Each rank ends with the reference's
+    parameters after as many steps as it ran, and join() names rank 0,
+    which runs longest."""
+    n, me = hvd.size(), hvd.rank()
+    steps = [3, 1, 2, 2][:n]
+    model = make_net()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                   named_parameters=model.named_parameters())
+    for step in range(steps[me]):
+        opt.zero_grad()
+        x, y = batch(me, step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert hvd.join() == 0
+    ref = make_net()
+    ref_opt = sgd(ref.parameters())
+    for step in range(steps[me]):
+        ref_opt.zero_grad()
+        running = [r for r in range(n) if steps[r] > step]
+        loss = sum(F.cross_entropy(ref(batch(r, step)[0]), batch(r, step)[1]) for r in running)
+        (loss / n).backward()
+        ref_opt.step()
+    assert_same_params(model, ref, what=f"rank {me} after {steps[me]} steps")
+    # The job goes on in step afterwards, every rank again.
+    out = hvd.allreduce(torch.full((2,), float(me)), op=hvd.Sum, name="after.join")
+    torch.testing.assert_close(out, torch.full((2,), float(sum(range(n))), dtype=out.dtype))
+
+
 def case_distributed_optimizer_on_a_process_set(_core):
     n, me = hvd.size(), hvd.rank()
     members = [0, 1]
