@@ -44,6 +44,11 @@ GLOBAL_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET, pb.JOIN})
 # take zeros in place of a joined rank's tensor.
 NOT_WITH_JOIN = frozenset({pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL, pb.REDUCESCATTER,
                            pb.P2P})
+# Operations every rank calls itself, a joined one too once its join returns:
+# they fail while a rank has joined, and it owes the error (where they ran
+# without it, its own call later found the set it asked for already there,
+# or already gone).
+EVERY_RANK_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET})
 JOIN_NAME = "join"
 
 
@@ -561,8 +566,9 @@ class Controller:
         self._negotiation_over(neg)
         resp = self._error_response(neg.process_set_id, neg.representative(), text, kind)
         self._plans.append(Plan(resp, sorted(neg.requests)))
+        every = resp.op in EVERY_RANK_OPS
         self._owe([m for m in neg.members if m not in neg.requests
-                   and m not in excused and m not in self._joined], resp)
+                   and m not in excused and (every or m not in self._joined)], resp)
 
     def _fail_group(self, gkey, text, kind, excused=(), whole=False):
         """Fails every member of a group instance on the ranks that submitted
@@ -708,6 +714,12 @@ class Controller:
             return (f"{op_name(req.op)} of tensor '{neg.name}' cannot run while "
                     f"{format_ranks(joined)} {_have(joined)} joined: only allreduce takes "
                     "part with a joined rank (Horovod raises here too)")
+        if joined and req.op in EVERY_RANK_OPS:
+            return (f"{op_name(req.op)} ({neg.name}) cannot run while "
+                    f"{format_ranks(joined)} {_have(joined)} joined: every rank calls it, "
+                    "the joined ones too once join() returns, so it goes before join() or "
+                    f"after every rank's join() has returned ({format_ranks(joined)} "
+                    "will get this error when calling it)")
         if req.op == pb.BROADCAST:
             if req.root_rank not in members:
                 return (f"broadcast of tensor '{neg.name}': root rank {req.root_rank} is not a "

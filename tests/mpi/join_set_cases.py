@@ -3,6 +3,7 @@ ranks, with stall checks off, so that nothing but the coordinator's own
 rules can end a wait)."""
 
 import time
+import zlib
 
 import numpy as np
 
@@ -38,3 +39,42 @@ def case_a_join_reaches_another_sets_allreduce_while_no_rank_waits_on_the_global
     last = hvd.join()
     assert last in (0, 1), last  # the two that ran the sets' allreduces
     assert hvd.remove_process_set(tail) and hvd.remove_process_set(pair)
+
+
+def case_adding_or_removing_a_set_while_a_rank_has_joined_fails_on_every_rank(hvd):
+    """add_process_set and remove_process_set are called by every rank. While
+    rank 1 has joined they fail on the others, naming it, and rank 1 gets
+    the same error when it calls them after its join() returns; then the
+    job goes on in step. They used to run without rank 1, whose own call
+    later found the set already there (or gone): the ranks' programs parted."""
+    from coordinator.errors import HorovodInternalError
+
+    me = hvd.rank()
+
+    def refused(fn, *args):
+        try:
+            fn(*args)
+        except HorovodInternalError as exc:
+            text = str(exc)
+            assert "cannot run while rank 1 has joined" in text, text
+            return text
+        raise AssertionError(f"{fn.__name__} ran while rank 1 had joined")
+
+    kept = hvd.add_process_set([0, 1])
+    for step, (fn, arg) in enumerate([(hvd.add_process_set, [0, 2]),
+                                      (hvd.remove_process_set, kept)]):
+        if me == 1:
+            hvd.join()
+            text = refused(fn, arg)
+        else:
+            text = refused(fn, arg)
+            hvd.join()
+        digests = hvd.allgather(np.array([zlib.crc32(text.encode())], np.int64),
+                                name=f"refusal.{step}")
+        assert len(set(digests.tolist())) == 1, (text, digests)  # the same error everywhere
+    added = hvd.add_process_set([0, 2])
+    assert added.ranks == [0, 2] and kept.process_set_id is not None
+    if me in (0, 1):
+        out = hvd.allreduce(np.full(2, 1.0), op=hvd.Sum, name="kept.sum", process_set=kept)
+        assert_equal(out, np.full(2, 2.0))
+    assert hvd.remove_process_set(added) and hvd.remove_process_set(kept)
