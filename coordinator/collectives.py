@@ -154,6 +154,12 @@ def _process_set(process_set, rt, what):
         return process_set  # the common case, always registered and including us
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"{what}: process_set must be a ProcessSet, got {process_set!r}")
+    if process_set.process_set_id is None and process_set._released:
+        raise ValueError(f"{what}: the process set with ranks {process_set.ranks} was "
+                         "removed when the coordinator shut down (an elastic job shuts it "
+                         "down as it re-forms); register it again with add_process_set() "
+                         "(in an elastic job, in a reset callback: "
+                         "state.register_reset_callbacks) or init(process_sets=...)")
     if process_set.process_set_id is None or rt.process_sets.get(
             process_set.process_set_id) is not process_set:
         raise ValueError(f"{what}: {process_set!r} is not registered on this rank; pass it "

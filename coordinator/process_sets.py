@@ -17,6 +17,7 @@ class ProcessSet:
         self.mpi_comm = None
         self._ranks = None
         self._my_rank = None
+        self._released = False  # registered once, then the coordinator shut down
         if ranks_or_comm is None:
             return
         if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator
@@ -33,6 +34,7 @@ class ProcessSet:
 
     def _bind(self, process_set_id, ranks, my_global_rank):
         self.process_set_id = process_set_id
+        self._released = False
         self._ranks = sorted(ranks)
         self._my_rank = (self._ranks.index(my_global_rank)
                          if my_global_rank in self._ranks else None)
@@ -116,8 +118,15 @@ class ProcessSetTable:
         with self._lock:
             return dict(self._sets)
 
-    def clear(self):
+    def release(self):
+        """At shutdown: the sets of this process no longer name anything,
+        so a `ProcessSet` kept by the caller can be registered again (after
+        init(), for example as an elastic job re-forms) and, until then,
+        says that it was released rather than showing a stale id. The table
+        itself stays as it was, for a background thread still running."""
         with self._lock:
-            for ps in self._sets.values():
+            sets = list(self._sets.values())
+        for ps in sets:
+            if ps is not global_process_set:
                 ps._unbind()
-            self._sets.clear()
+                ps._released = True

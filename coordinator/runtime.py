@@ -213,6 +213,7 @@ class Runtime:
         self.monitor.close()
         self.timeline.close()
         self.buffers.clear()
+        self.process_sets.release()
 
 
 # Open MPI settings the coordinator relies on, unless the user set them:

@@ -161,6 +161,50 @@ def test_a_new_host_brings_a_worker_that_receives_the_state(tmp_path):
     assert len({checksum for _, checksum in done.values()}) == 1, done
 
 
+def test_a_process_set_is_added_again_after_each_reset_and_by_a_spawned_worker(tmp_path):
+    """The pair [0, 1] of a dynamic-set job: a worker is lost (4 -> 3),
+    then a host gains a slot (3 -> 4, a spawned worker). The shutdown of
+    each reset releases the set, the reset callback adds the same object
+    again (dynamic sets stay on), the spawned worker adds it at the top,
+    and the pair's allreduce is right in every membership. It used to fail
+    at the first reset: the reset's init() turned dynamic sets off, and the
+    set kept its old id, so it could not be added again."""
+    script, _ = discovery(tmp_path, [])
+    listing = tmp_path / "hosts.txt"
+
+    def slots(spec):
+        tmp = tmp_path / "hosts.tmp"
+        tmp.write_text("".join(f"{h}:{n}\n" for h, n in spec))
+        os.replace(tmp, listing)
+
+    slots([(HOSTS[0], 2), (HOSTS[1], 1), (HOSTS[2], 1)])
+    grown = []
+
+    def grow_after_the_reset(line):
+        if not grown and line.startswith("reset: "):
+            grown.append(line)
+            slots([(HOSTS[0], 3), (HOSTS[1], 1)])
+
+    rc, out, err = coordrun(["-np", "4", "--min-np", "2", "--max-np", "4",
+                             "--host-discovery-script", script],
+                            "elastic_sets.py", env={"KILL_AT": "8:3", "STEPS": "40"},
+                            on_line=grow_after_the_reset)
+    assert rc == 0, err[-3000:] + out[-2000:]
+    assert "membership 1: 3 kept" in err and "membership 2: 3 kept, 0 leave, 1 new" in err, err
+    resets = re.findall(r"^reset: rank (\d) of (\d) .*the pair was (\w+)", out, re.MULTILINE)
+    assert sorted(resets) == [("0", "3", "released"), ("0", "4", "released"),
+                              ("1", "3", "released"), ("1", "4", "released"),
+                              ("2", "3", "released"), ("2", "4", "released")], out[-3000:]
+    pairs = re.findall(r"^step \d+ rank (\d) size (\d) pair (\S+)", out, re.MULTILINE)
+    sizes = {size for _, size, _ in pairs}
+    assert sizes == {"4", "3"}, sizes
+    assert {got for rank, _, got in pairs if rank in "01"} == {"3.0"}
+    assert {got for rank, _, got in pairs if rank in "23"} == {"None"}
+    done = re.findall(r"^done rank (\d) size (\d) step 40 total (\S+)", out, re.MULTILINE)
+    assert sorted(r for r, _, _ in done) == ["0", "1", "2", "3"], out[-3000:]
+    assert len({total for _, _, total in done}) == 1, done
+
+
 def test_a_host_that_keeps_failing_is_blacklisted_and_the_job_finishes(tmp_path):
     bad = HOSTS[1]
     script, _ = discovery(tmp_path, HOSTS)

@@ -22,6 +22,7 @@ failure cannot be repaired: the error propagates.
 
 import functools
 
+from coordinator import runtime
 from coordinator.elastic import membership, worker
 from coordinator.elastic.state import HostsUpdatedInterrupt
 from coordinator.errors import HorovodInternalError
@@ -31,12 +32,26 @@ notification_manager = worker.notification_manager
 
 def make_reset(shutdown, init):
     """A reset for a frontend: its shutdown, the membership's re-forming,
-    its init (which picks up the new communicator)."""
+    its init (which picks up the new communicator).
+
+    Process sets do not outlive the shutdown: the ranks they named may be
+    gone or renumbered. A job that used them (dynamic sets on, or any set
+    registered) may add them again after the reset, so dynamic process sets
+    stay on: a `ProcessSet` kept from before can be passed to
+    add_process_set() again, for example in a reset callback. (Horovod's
+    reset calls init() with no process sets, which turned dynamic sets off
+    unless HOROVOD_DYNAMIC_PROCESS_SETS was set, and left such a set's old
+    id in place, so it could not be added again.)"""
 
     def reset():
+        rt = runtime.current()
+        sets_used = rt is not None and (getattr(rt, "dynamic_process_sets", False)
+                                        or len(rt.process_sets.all()) > 1)
         shutdown()
         membership.current().reform()
         init()
+        if sets_used:
+            runtime.current().dynamic_process_sets = True
 
     return reset
 

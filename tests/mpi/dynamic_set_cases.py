@@ -62,3 +62,24 @@ def case_a_tensor_waiting_on_a_removed_set_fails_naming_the_set(hvd):
         text = str(exc)
         assert f"process set {pid}" in text and "'orphan'" in text and "removed" in text, text
     hvd.barrier()
+
+
+def case_a_set_does_not_outlive_shutdown_and_the_same_object_can_be_added_again(hvd):
+    """shutdown() releases every set: a ProcessSet kept across it has no id
+    (it used to keep its old one, so add_process_set refused it as already
+    registered), using it says it was removed at the shutdown, and after
+    init() the same object is added again."""
+    ps = hvd.add_process_set([0])
+    hvd.shutdown()
+    assert ps.process_set_id is None and ps.ranks == [0] and ps.size() is None
+    hvd.init(process_sets="dynamic")
+    if hvd.rank() == 0:
+        exc = expect_raises(ValueError, hvd.allreduce, np.ones(1), name="stale",
+                            process_set=ps)
+        assert "removed when the coordinator shut down" in str(exc), exc
+    assert hvd.add_process_set(ps) is ps and ps.process_set_id is not None
+    if hvd.rank() == 0:
+        assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="again", process_set=ps),
+                     np.ones(1))
+    hvd.barrier()
+    assert hvd.remove_process_set(ps)
