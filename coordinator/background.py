@@ -283,7 +283,7 @@ class Background:
         self.watch = None
         if self.is_coordinator:
             inspector = StallInspector(cfg.stall_check_time, cfg.stall_shutdown_time,
-                                       cfg.stall_check_disable)
+                                       cfg.stall_check_disable, cfg.deadlock_time)
             self.controller = Controller(
                 self.size, fusion_threshold=cfg.fusion_threshold,
                 cache_capacity=cfg.cache_capacity, stall_inspector=inspector,
@@ -293,10 +293,12 @@ class Background:
                 self.controller.register_process_set(pid, ranks)
             self._evict_seq = [0] * self.size
             self.watchdog = Watchdog(0, cfg.stall_check_time, cfg.stall_shutdown_time,
-                                     cfg.stall_check_disable, silence=cfg.silent_rank_time)
+                                     cfg.stall_check_disable, silence=cfg.silent_rank_time,
+                                     deadlock=cfg.deadlock_time)
         else:
             self.watch = CoordinatorWatch(cfg.stall_check_time, cfg.stall_shutdown_time,
-                                          cfg.stall_check_disable, silence=cfg.silent_rank_time)
+                                          cfg.stall_check_disable, silence=cfg.silent_rank_time,
+                                          deadlock=cfg.deadlock_time)
         self.autotuner = None
         if self.is_coordinator and self.config.autotune:
             from coordinator.autotune import Autotuner
@@ -1084,7 +1086,7 @@ class Background:
                     source, [(f.process_set_id, f.name, f.op, f.seconds, f.device, f.seq,
                               tuple(f.pair)) for f in msg.in_flight],
                     positions={(p.process_set_id, p.device, *p.pair): p.started
-                               for p in msg.positions})
+                               for p in msg.positions}, blocked=msg.blocked)
                 self.channel.send(source, TAG_RESPONSE, b"")  # an empty answer: alive
                 self._woken = True  # a worker waits: take part in a cycle
             if msg.cycle:
@@ -1149,7 +1151,12 @@ class Background:
         period = ctl.stall_inspector.next_check(now)
         self._next_stall_check = now + (period if period else 3600.0)
         own = self._own_ops()
-        for text in ctl.inspect_stalls(now, lambda rank: self.watchdog.inside(rank, own, now)):
+        stuck = self._blocked(now)
+        if stuck > 0:
+            for rank in range(1, self.size):
+                stuck = min(stuck, self.watchdog.blocked_for(rank, now))
+        for text in ctl.inspect_stalls(now, lambda rank: self.watchdog.inside(rank, own, now),
+                                       stuck):
             log.warning(text)
 
     def _control_worker(self):
@@ -1251,7 +1258,7 @@ class Background:
             items = [(pset, name, op, now - started, device, seq, pair)
                      for pset, name, op, started, device, seq, pair in self._own_ops()
                      if now - started >= watch.period]
-            msg = pb.RequestList(report=True)
+            msg = pb.RequestList(report=True, blocked=self._blocked(now))
             for pset, name, op, seconds, device, seq, pair in items:
                 msg.in_flight.add(process_set_id=pset, name=name, op=op, seconds=seconds,
                                   device=device, seq=seq, pair=pair)
@@ -1271,6 +1278,14 @@ class Background:
                 self._die(StallError(fatal))
                 return True
         return sent
+
+    def _blocked(self, now):
+        """How long every thread that submits here has been waiting for a
+        result, with nothing in flight here (0 if not so): the deadlock
+        check (stall_inspector.py)."""
+        if self.executor:
+            return 0.0
+        return self.handles.blocked_seconds(now)
 
     def _waiting_for(self):
         op = self.executor.oldest()

@@ -83,6 +83,12 @@ class Config:
     # flight (stopped, or its thread cannot run) fails the job with a
     # StallError on every rank, stall shutdown time or not. 0: only warn.
     silent_rank_time: float = 120.0
+    # COORDINATOR_DEADLOCK_SECONDS: when every rank has been blocked this
+    # long waiting for results that need a tensor some rank never submitted,
+    # with nothing in flight anywhere (no rank can submit it: they called
+    # collectives in different orders), those operations fail with a
+    # StallError naming each rank's wait. 0: wait (and warn), as Horovod does.
+    deadlock_time: float = 120.0
     log_level: str = "warning"
     log_hide_time: bool = False
     hierarchical_allreduce: bool = False
@@ -150,6 +156,8 @@ class Config:
                                         cls.stall_shutdown_time, float, 0.0),
             silent_rank_time=_number(env, "COORDINATOR_SILENT_RANK_SECONDS",
                                      cls.silent_rank_time, float, 0.0),
+            deadlock_time=_number(env, "COORDINATOR_DEADLOCK_SECONDS",
+                                  cls.deadlock_time, float, 0.0),
             log_level=level,
             log_hide_time=_bool(env, "HOROVOD_LOG_HIDE_TIME", False),
             hierarchical_allreduce=_bool(env, "HOROVOD_HIERARCHICAL_ALLREDUCE", False),

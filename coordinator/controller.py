@@ -456,13 +456,14 @@ class Controller:
             self._negotiation_over(neg)
 
     # ------------------------------------------------------------ stalls
-    def inspect_stalls(self, now=None, inside=None):
+    def inspect_stalls(self, now=None, inside=None, stuck=0.0):
         """Stall warnings (texts) to log now; fails the stalls that expired.
         `inside(rank)`: the long collective a rank is in (or None), which the
-        texts name."""
+        texts name; `stuck`: how long every rank has been blocked waiting
+        with nothing in flight (a deadlock, stall_inspector.py)."""
         now = self.clock() if now is None else now
         inspector = self.stall_inspector
-        if inspector.disabled or not self._pending:
+        if inspector.idle or not self._pending:
             return []
         joined = self._joined
         rows = []
@@ -470,15 +471,14 @@ class Controller:
             missing = [m for m in neg.members if m not in neg.requests and m not in joined]
             rows.append((neg.key, neg.representative().op, neg.first, list(neg.requests),
                          missing))
-        warnings, expired = inspector.inspect(now, rows, inside)
+        warnings, expired = inspector.inspect(now, rows, inside, stuck)
         for stall in expired:
             neg = self._pending.get(stall.key)
             if neg is None:  # failed with its group earlier in this loop
                 continue
-            text = inspector.error_text(stall, inspector.shutdown_time)
-            self._fail_negotiation(neg, text, pb.STALL)
+            self._fail_negotiation(neg, inspector.error_text(stall, expired), pb.STALL)
         if warnings:
-            return [inspector.warning_text(warnings, inspector.shutdown_time)]
+            return [inspector.warning_text(warnings)]
         return []
 
     # ------------------------------------------------------- failure paths

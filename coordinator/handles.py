@@ -15,6 +15,10 @@ import time
 # failed background thread) while its operation has not completed.
 HEALTH_CHECK_PERIOD = 0.25
 
+# What threading.current_thread() is on a thread Python did not start (a
+# framework's C++ pool thread that calls in to submit).
+_POOL_THREAD = getattr(threading, "_DummyThread", ())
+
 
 class HandleTable:
     def __init__(self, on_block=None):
@@ -29,8 +33,13 @@ class HandleTable:
         # nothing to do but wait for the background thread, which therefore
         # keeps polling instead of sleeping (background.py).
         self.waiting = 0
+        # For the deadlock check (stall_inspector.py): the threads that have
+        # submitted here, and when each thread blocked in wait() now began.
+        self._submitters = {}  # threading.Thread -> time.monotonic() of its last submission
+        self._blocked = {}  # threading.Thread -> time.monotonic() it blocked
 
     def add(self, item):
+        self._submitters[threading.current_thread()] = time.monotonic()
         handle = next(self._ids)
         self._items[handle] = item  # a single dict store is atomic under the GIL
         return handle
@@ -61,8 +70,10 @@ class HandleTable:
         if not all(e.done for e in group):
             if self._on_block is not None:
                 self._on_block()
+            thread = threading.current_thread()
             with self._waiting_lock:
                 self.waiting += 1
+                self._blocked[thread] = time.monotonic()
             try:
                 for entry in group:
                     if not entry.wait(HEALTH_CHECK_PERIOD):
@@ -72,6 +83,7 @@ class HandleTable:
             finally:
                 with self._waiting_lock:
                     self.waiting -= 1
+                    self._blocked.pop(thread, None)
         self._items.pop(handle, None)
         for entry in group:
             if entry.error is not None:
@@ -83,8 +95,45 @@ class HandleTable:
             return [e.result for e in item]
         return item.result
 
+    def blocked_seconds(self, now=None):
+        """How long this process has been blocked: some thread waits in
+        wait(), and every live thread that has submitted work here either
+        waits too or is a framework's pool thread (not started by Python:
+        PyTorch's autograd threads for CUDA, TensorFlow's executors) that
+        has been quiet since; for as long as all that has held. 0 while a
+        Python thread that has submitted before is not waiting (it may be
+        computing what the others wait for), and before anything was
+        submitted. A thread that has never submitted is not counted: one
+        that starts to only later is the case this cannot see."""
+        now = time.monotonic() if now is None else now
+        with self._waiting_lock:
+            blocked = dict(self._blocked)
+        if not blocked:
+            return 0.0
+        latest = max(blocked.values())
+        counted = False
+        for thread, submitted in list(self._submitters.items()):
+            if not _alive(thread):
+                self._submitters.pop(thread, None)
+                continue
+            since = blocked.get(thread)
+            if since is None:
+                if not isinstance(thread, _POOL_THREAD):
+                    return 0.0
+                since = submitted
+            counted = True
+            latest = max(latest, since)
+        return max(0.0, now - latest) if counted else 0.0
+
     def release(self, handle):
         self._items.pop(handle, None)
 
     def __len__(self):
         return len(self._items)
+
+
+def _alive(thread):
+    try:
+        return thread.is_alive()
+    except (AssertionError, RuntimeError):  # a dummy thread whose thread ended
+        return False

@@ -7,13 +7,23 @@ operations are failed on every rank that submitted them, and ranks that submit
 them later get the same error. A missing rank known to be inside a long
 collective (the watchdog's reports) is said to be: it cannot submit anything
 until that one ends, which is then the place to look.
+
+A deadlock is told apart from a slow rank: when every rank has been blocked
+waiting for results (every thread that submits work there waits, and
+nothing is in flight there: `stuck`, from the watchdog's reports) no rank
+can submit what the others wait for. The ranks called collectives in
+different orders or under different conditions (rank 0 waits on 'a',
+which rank 1 skipped, while rank 1 waits on 'b'). The warnings say so, and
+after `deadlock_time` (COORDINATOR_DEADLOCK_SECONDS, stall checks on or
+off) the stalled operations fail on every rank that submitted them, each
+error naming every rank's wait. Horovod warns about such a job for ever.
 """
 
 from coordinator.ops_names import format_ranks, op_name
 
 
 class Stall:
-    __slots__ = ("key", "name", "op", "missing", "submitted", "waited", "inside")
+    __slots__ = ("key", "name", "op", "missing", "submitted", "waited", "inside", "deadlocked")
 
     def __init__(self, key, op, missing, submitted, waited, inside=None):
         self.key = key  # (process set id, tensor name)
@@ -23,6 +33,7 @@ class Stall:
         self.submitted = submitted
         self.waited = waited
         self.inside = inside or {}  # missing rank -> the long collective it is in
+        self.deadlocked = False
 
     def describe(self):
         where = f" in process set {self.key[0]}" if self.key[0] else ""
@@ -34,31 +45,47 @@ class Stall:
                 f"{'has' if len(self.submitted) == 1 else 'have'} waited {self.waited:.1f} s")
 
 
+# Every rank blocked for this long is worth saying in a stall warning (a
+# wait shorter than this may be a rank between two submissions).
+DEADLOCK_NOTICE = 1.0
+
+
 class StallInspector:
-    def __init__(self, check_time, shutdown_time, disabled=False):
+    def __init__(self, check_time, shutdown_time, disabled=False, deadlock_time=0.0):
         self.check_time = check_time
         self.shutdown_time = shutdown_time
         self.disabled = disabled or (check_time <= 0 and shutdown_time <= 0)
+        self.deadlock_time = deadlock_time
         self._warned = {}  # key -> time of the last warning
+        self.stuck = 0.0  # how long every rank had been blocked, at the last inspect
+
+    @property
+    def idle(self):
+        """Nothing to look for: no warnings, no stall shutdown, no deadlocks."""
+        return self.disabled and self.deadlock_time <= 0
 
     def next_check(self, now):
         """Seconds until the inspector could next have something to say."""
-        if self.disabled:
-            return None
-        times = [t for t in (self.check_time, self.shutdown_time) if t > 0]
-        return min(times) / 4 if times else None
+        times = [t for t in (self.check_time, self.shutdown_time) if t > 0 and not self.disabled]
+        if self.deadlock_time > 0:
+            times.append(self.deadlock_time)
+        return min(min(times) / 4, 1.0) if times else None
 
-    def inspect(self, now, negotiations, inside=None):
+    def inspect(self, now, negotiations, inside=None, stuck=0.0):
         """Look at the open negotiations.
 
         `negotiations` yields ((process set, name), op, first_submit_time,
         submitted ranks, missing ranks); `inside(rank)` says which long
-        collective a rank is in, or None. Returns (warnings, expired): stalls
-        to warn about now, and stalls past the shutdown time.
+        collective a rank is in, or None; `stuck` is how long every rank has
+        been blocked waiting, with nothing in flight. Returns (warnings,
+        expired): stalls to warn about now, and stalls past the shutdown time
+        or deadlocked for the deadlock time (`Stall.deadlocked`).
         """
         warnings, expired = [], []
-        if self.disabled:
+        self.stuck = stuck
+        if self.idle:
             return warnings, expired
+        deadlocked = self.deadlock_time > 0 and stuck >= self.deadlock_time
         live = set()
         for key, op, first, submitted, missing in negotiations:
             if not missing:
@@ -67,6 +94,12 @@ class StallInspector:
             live.add(key)
             stall = Stall(key, op, sorted(missing), sorted(submitted), waited,
                           self._inside(missing, inside))
+            if deadlocked:
+                stall.deadlocked = True
+                expired.append(stall)
+                continue
+            if self.disabled:
+                continue
             if self.shutdown_time > 0 and waited >= self.shutdown_time:
                 expired.append(stall)
                 continue
@@ -87,17 +120,33 @@ class StallInspector:
         found = {rank: inside(rank) for rank in ranks}
         return {rank: what for rank, what in found.items() if what}
 
-    @staticmethod
-    def warning_text(stalls, shutdown_time):
+    def warning_text(self, stalls):
         lines = ["One or more tensors were submitted by some ranks but not by others; "
                  "the ranks that did are waiting:"]
         lines += ["  " + s.describe() for s in stalls]
-        if shutdown_time > 0:
-            lines.append(f"  These operations fail after {shutdown_time:g} s "
+        if self.stuck >= DEADLOCK_NOTICE:
+            after = (f"; they fail after {self.deadlock_time:g} s of this "
+                     "(COORDINATOR_DEADLOCK_SECONDS)" if self.deadlock_time > 0 else "")
+            lines.append(f"  Every rank has been waiting for {self.stuck:.1f} s with nothing "
+                         "in flight, so no rank can submit these: a deadlock (the ranks "
+                         "called collectives in different orders or under different "
+                         f"conditions){after}.")
+        if self.shutdown_time > 0:
+            lines.append(f"  These operations fail after {self.shutdown_time:g} s "
                          "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS).")
         return "\n".join(lines)
 
-    @staticmethod
-    def error_text(stall, shutdown_time):
-        return (f"Stalled {stall.describe()}; failed after the stall shutdown time of "
-                f"{shutdown_time:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+    def error_text(self, stall, stalls=()):
+        """The error of a stall that expired; `stalls`: every stall that
+        expired with it (a deadlock's text names each rank's wait)."""
+        if not stall.deadlocked:
+            return (f"Stalled {stall.describe()}; failed after the stall shutdown time of "
+                    f"{self.shutdown_time:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+        others = [s for s in stalls if s is not stall and s.deadlocked]
+        also = ("; the others wait on: " + "; ".join(s.describe() for s in others)
+                if others else "")
+        return (f"Deadlocked {stall.describe()}; every rank has been waiting for "
+                f"{self.stuck:.1f} s with nothing in flight, so no rank can submit it (the "
+                f"ranks called collectives in different orders or under different "
+                f"conditions){also}; failed after {self.deadlock_time:g} s "
+                "(COORDINATOR_DEADLOCK_SECONDS)")

@@ -29,6 +29,11 @@ something is in flight (an idle job sends nothing):
   others have had in flight for `check_time` has not started it; after
   `shutdown_time` (or `silence`) the job fails.
 
+Reports also say how long every thread that submits work on the rank has
+been blocked waiting, with nothing in flight there: when every rank is so
+for COORDINATOR_DEADLOCK_SECONDS, the stall inspector fails the operations
+they wait on (a deadlock; stall_inspector.py).
+
 With stall checks off (HOROVOD_STALL_CHECK_DISABLE) there are no warnings
 and no stall shutdown time, but `silence` still holds: the setting quiets
 the reports of slow ranks, and a stopped one would otherwise hang the job
@@ -52,10 +57,11 @@ def watch_times(check_time, shutdown_time, disabled):
     return (0.0, 0.0) if disabled else (check_time, shutdown_time)
 
 
-def watch_period(check_time, shutdown_time, disabled=False, silence=0.0):
+def watch_period(check_time, shutdown_time, disabled=False, silence=0.0, deadlock=0.0):
     """Seconds between reports and pings, or None when nothing is watched
-    (no times, or stall checks off and no silence limit)."""
-    times = [t for t in (*watch_times(check_time, shutdown_time, disabled), silence) if t > 0]
+    (no times, or stall checks off and no silence or deadlock limit)."""
+    times = [t for t in (*watch_times(check_time, shutdown_time, disabled), silence, deadlock)
+             if t > 0]
     if not times:
         return None
     return max(MIN_PERIOD, min(MAX_PERIOD, min(times) / 4))
@@ -115,11 +121,11 @@ class Watchdog:
     """Rank 0's side: which members of in-flight collectives stopped answering."""
 
     def __init__(self, rank, check_time, shutdown_time, disabled=False, clock=time.monotonic,
-                 silence=0.0):
+                 silence=0.0, deadlock=0.0):
         self.rank = rank
         self.check_time, self.shutdown_time = watch_times(check_time, shutdown_time, disabled)
         self.silence = silence
-        self.period = watch_period(check_time, shutdown_time, disabled, silence)
+        self.period = watch_period(check_time, shutdown_time, disabled, silence, deadlock)
         self.clock = clock
         self._heard = {}  # rank -> when rank 0 last heard from it
         self._silent_since = {}  # rank -> first ping it has not answered
@@ -128,6 +134,7 @@ class Watchdog:
         self._positions = {}  # rank -> (when, {lane: operations started there})
         self._absent_since = {}  # (rank, lane, seq) -> first seen not to have started it
         self._warned = {}  # rank -> last warning about it
+        self._blocked = {}  # rank -> (when, seconds it had been blocked then)
 
     @property
     def enabled(self):
@@ -138,14 +145,16 @@ class Watchdog:
         self._heard[rank] = now
         self._silent_since.pop(rank, None)
 
-    def report(self, rank, items, now=None, positions=None):
+    def report(self, rank, items, now=None, positions=None, blocked=0.0):
         """`rank`'s collectives in flight for a while: (process set, name, op,
         seconds, device, seq[, pair]) each (pair: a send/recv's two ranks);
         replaces its previous report. `positions`: {(process set, device):
         operations it started there, (process set, device, a, b):
-        send/recvs between ranks a and b}."""
+        send/recvs between ranks a and b}. `blocked`: how long every thread
+        that submits there has been waiting, with nothing in flight there."""
         now = self.clock() if now is None else now
         self.heard(rank, now)
+        self._blocked[rank] = (now, blocked)
         if items:
             self._reports[rank] = (now, list(items))
         else:
@@ -219,6 +228,16 @@ class Watchdog:
                     warnings.append(text)
         return pings, warnings, fatal
 
+    def blocked_for(self, rank, now=None):
+        """How long `rank` has been blocked (handles.HandleTable.
+        blocked_seconds), from its last report; 0 without a recent one (it
+        reports every period while it waits)."""
+        now = self.clock() if now is None else now
+        when, seconds = self._blocked.get(rank, (None, 0.0))
+        if when is None or seconds <= 0 or now - when > 3 * self.period:
+            return 0.0
+        return seconds + (now - when)
+
     def inside(self, rank, own, now=None):
         """The collective `rank` has been in the longest, for more than a
         period (rank 0's from `own`, the others' from their last reports), as
@@ -291,10 +310,10 @@ class CoordinatorWatch:
     """A worker's side: reports while busy, and notices rank 0 going silent."""
 
     def __init__(self, check_time, shutdown_time, disabled=False, clock=time.monotonic,
-                 silence=0.0):
+                 silence=0.0, deadlock=0.0):
         self.check_time, self.shutdown_time = watch_times(check_time, shutdown_time, disabled)
         self.silence = silence
-        self.period = watch_period(check_time, shutdown_time, disabled, silence)
+        self.period = watch_period(check_time, shutdown_time, disabled, silence, deadlock)
         self.clock = clock
         self._busy_since = None
         self._last_report = None

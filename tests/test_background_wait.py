@@ -61,6 +61,97 @@ def test_a_failed_wait_still_uncounts_itself():
     assert table.waiting == 0
 
 
+def test_blocked_seconds_counts_only_while_every_live_submitter_waits():
+    """The deadlock check's view of a process: blocked while every live
+    thread that has submitted is waiting in wait(), since the last of them
+    began; not while one of them is not (it may still submit), nor before
+    any thread has submitted; a thread that has ended no longer counts."""
+    table = HandleTable()
+    assert table.blocked_seconds() == 0.0  # nobody submitted yet
+    main_entry = Entry("main", 1)
+    main_handle = table.add(main_entry)  # this thread submits...
+    assert table.blocked_seconds() == 0.0  # ...and is not waiting
+    other_entry, go = Entry("other", 1), threading.Event()
+    handles = {}
+
+    def other():
+        handles["other"] = table.add(other_entry)
+        go.wait(10)
+        table.wait(handles["other"])
+
+    helper = threading.Thread(target=other)
+    helper.start()
+    _wait_until(lambda: "other" in handles)
+    waiter = threading.Thread(target=lambda: table.wait(main_handle))
+    waiter.start()  # waits on this thread's handle; this thread still runs
+    _wait_until(lambda: table.waiting == 1)
+    assert table.blocked_seconds() == 0.0
+    go.set()
+    _wait_until(lambda: table.waiting == 2)
+    assert table.blocked_seconds() == 0.0  # this thread has submitted, and runs
+    main_entry.finish(1)
+    other_entry.finish(2)
+    waiter.join(10)
+    helper.join(10)
+    # A thread that submitted and ended does not count; one that waits does.
+    solo = HandleTable()
+    ender = threading.Thread(target=lambda: solo.add(Entry("short", 1)))
+    ender.start()
+    ender.join(10)
+    entry = Entry("solo", 1)
+    handle = {}
+
+    def lone():
+        handle["h"] = solo.add(entry)
+        solo.wait(handle["h"])
+
+    lonely = threading.Thread(target=lone)
+    lonely.start()
+    _wait_until(lambda: solo.waiting == 1)
+    now = time.monotonic()
+    assert 0.0 <= solo.blocked_seconds(now) < 5.0
+    assert solo.blocked_seconds(now + 30) >= 30.0
+    entry.finish(1)
+    lonely.join(10)
+    assert solo.blocked_seconds() == 0.0  # it ended: no live submitter
+
+
+def test_a_pool_thread_quiet_since_its_last_submission_counts_as_blocked():
+    """A thread Python did not start (a framework's pool thread, as
+    PyTorch's autograd threads for CUDA submit gradients from) that is not
+    waiting counts as quiet since its last submission; a Python thread that
+    is not waiting never does."""
+    table = HandleTable()
+    submitted = threading.Event()
+    finish = threading.Event()
+
+    def pool_thread():  # threading.current_thread() is a _DummyThread here
+        table.add(Entry("grad", 1))
+        submitted.set()
+        finish.wait(10)
+
+    _thread.start_new_thread(pool_thread, ())
+    assert submitted.wait(10)
+    pool_submit = time.monotonic()
+    entry = Entry("sync", 1)
+    handle = {}
+
+    def waiter():
+        handle["h"] = table.add(entry)
+        table.wait(handle["h"])
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    _wait_until(lambda: table.waiting == 1)
+    now = time.monotonic()
+    assert 0.0 < table.blocked_seconds(now + 60) <= 60.0 + (now - pool_submit)
+    table.add(Entry("python thread", 1))  # this thread submits and runs on
+    assert table.blocked_seconds(now + 60) == 0.0
+    entry.finish(1)
+    t.join(10)
+    finish.set()
+
+
 def test_waited_spin_only_when_every_rank_has_a_cpu():
     assert waited_spin_budget(2, 2) == background.SPIN_WAITED > 0
     assert waited_spin_budget(1, 8) == background.SPIN_WAITED

@@ -326,6 +326,61 @@ def test_a_stall_says_which_long_collective_a_missing_rank_is_inside():
     assert "rank 1 has been inside allreduce of tensor 'a'" in plan.response.error
 
 
+def test_a_deadlock_is_said_in_the_warning_and_fails_every_wait_after_the_deadlock_time():
+    """Rank 0 waits on 'a' (rank 1 never submits it), rank 1 on 'b' (rank 0
+    never does), every rank blocked: the warning says it is a deadlock,
+    and once every rank has been blocked for the deadlock time both fail,
+    each naming the other, with no stall shutdown time (Horovod's default)."""
+    clock = FakeClock()
+    inspector = StallInspector(check_time=5, shutdown_time=0, deadlock_time=20)
+    ctl = Controller(2, stall_inspector=inspector, clock=clock)
+    submit(ctl, 0, req("a"))
+    submit(ctl, 1, req("b"))
+    clock.now += 6
+    (warning,) = ctl.inspect_stalls(stuck=6.0)
+    assert "Every rank has been waiting for 6.0 s with nothing in flight" in warning, warning
+    assert "a deadlock" in warning and "fail after 20 s of this" in warning, warning
+    clock.now += 13
+    ctl.inspect_stalls(stuck=19.0)
+    assert ctl.take_plans() == []
+    clock.now += 1
+    ctl.inspect_stalls(stuck=20.0)
+    plans = {tuple(p.response.names): p for p in ctl.take_plans()}
+    a, b = plans[("a",)].response, plans[("b",)].response
+    assert plans[("a",)].recipients == (0,) and a.error_kind == pb.STALL
+    assert a.error.startswith("Deadlocked allreduce of tensor 'a': rank 1 did not submit it")
+    assert "the others wait on: allreduce of tensor 'b': rank 0 did not submit it" in a.error
+    assert b.error.startswith("Deadlocked allreduce of tensor 'b'") and "'a'" in b.error
+    assert a.error.endswith("failed after 20 s (COORDINATOR_DEADLOCK_SECONDS)"), a.error
+
+
+def test_ranks_that_are_not_all_blocked_are_only_warned_about():
+    """A rank that is computing (stuck 0) or blocked for less than the
+    deadlock time: no deadlock, whatever the stall's age; with stall checks
+    disabled the deadlock limit still holds, without warnings."""
+    clock = FakeClock()
+    ctl = Controller(2, stall_inspector=StallInspector(5, 0, deadlock_time=20), clock=clock)
+    submit(ctl, 0, req("a"))
+    clock.now += 100
+    (warning,) = ctl.inspect_stalls(stuck=0.0)
+    assert "deadlock" not in warning
+    ctl.inspect_stalls(stuck=19.9)
+    assert ctl.take_plans() == []
+    quiet = Controller(2, stall_inspector=StallInspector(5, 0, disabled=True, deadlock_time=20),
+                       clock=clock)
+    submit(quiet, 0, req("a"))
+    clock.now += 100
+    assert quiet.inspect_stalls(stuck=19.0) == [] and quiet.take_plans() == []
+    assert quiet.inspect_stalls(stuck=21.0) == []
+    (plan,) = quiet.take_plans()
+    assert plan.response.error.startswith("Deadlocked allreduce of tensor 'a'")
+    off = Controller(2, stall_inspector=StallInspector(5, 0, deadlock_time=0), clock=clock)
+    submit(off, 0, req("a"))
+    clock.now += 1000
+    off.inspect_stalls(stuck=1000.0)
+    assert off.take_plans() == []  # 0: wait, as Horovod does
+
+
 def test_cycle_time_holds_ready_tensors_to_fuse_more():
     clock = FakeClock()
     ctl = Controller(2, cycle_time=0.005, clock=clock)

@@ -8,6 +8,9 @@ LIFECYCLE = CaseResults("tests/mpi/lifecycle_cases.py")
 STALLS = CaseResults("tests/mpi/stall_cases.py",
                      env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
                           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}, case_timeout=120)
+DEADLOCKS = CaseResults("tests/mpi/deadlock_cases.py",
+                        env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+                             "COORDINATOR_DEADLOCK_SECONDS": "2"}, case_timeout=60)
 SET_STALLS = CaseResults("tests/mpi/set_stall_cases.py",
                          env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
                               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}, case_timeout=60)
@@ -51,3 +54,10 @@ def test_stall_warning_names_tensor_missing_rank_and_wait():
     assert "WARNING" in output and "'stalled'" in output
     assert "rank 1 did not submit it" in output
     assert "rank 0 has waited" in output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", case_names("tests/mpi/deadlock_cases.py"))
+def test_deadlocks(case, np_):
+    DEADLOCKS.check(case, np_)

@@ -277,3 +277,21 @@ def test_a_worker_fails_when_rank_0_stays_silent_past_the_silence_limit():
     assert said and "rank 0 (the coordinator) has not answered" in said[0]
     assert fatal.startswith("Stalled: rank 0 (the coordinator) has not answered for 8.0 s")
     assert fatal.endswith("(COORDINATOR_SILENT_RANK_SECONDS)") and clock.now < 111, fatal
+
+
+def test_a_rank_counts_as_blocked_only_while_its_reports_say_so_and_keep_coming():
+    """blocked_for (the deadlock check): a report's blocked time grows with
+    the clock until the next; a report saying 0 (the rank runs) clears it;
+    without a report for three periods the rank is not taken for blocked
+    (it may be stopped: the silence check is for that)."""
+    dog, clock = _dog()
+    assert dog.blocked_for(1) == 0.0
+    dog.report(1, [], blocked=4.0)
+    clock.now += 0.25
+    assert dog.blocked_for(1) == 4.25
+    dog.report(1, [], blocked=0.0)
+    assert dog.blocked_for(1) == 0.0
+    dog.report(1, [], blocked=10.0)
+    clock.now += 3 * dog.period + 0.01
+    assert dog.blocked_for(1) == 0.0
+    assert Watchdog(0, 0.0, 0.0, disabled=True, deadlock=120.0).enabled

@@ -1,0 +1,70 @@
+"""Deadlocks: every rank waits on a tensor another rank never submitted.
+Horovod's defaults (no stall shutdown time), with
+COORDINATOR_DEADLOCK_SECONDS=2 and HOROVOD_STALL_CHECK_TIME_SECONDS=1 (set by
+tests/test_lifecycle_mpi.py)."""
+
+import threading
+import time
+
+import numpy as np
+
+from core_cases import assert_equal, expect_raises
+
+
+def case_ranks_waiting_on_each_other_fail_naming_every_wait(hvd):
+    """Rank 0 waits on 'a', which the others never submit; they wait on 'b',
+    which rank 0 never submits: each gets a StallError naming its own wait
+    and the others' (the job used to wait, and warn, for ever), and the job
+    goes on."""
+    n = hvd.size()
+    mine, theirs = ("a", "b") if hvd.rank() == 0 else ("b", "a")
+    start = time.monotonic()
+    exc = expect_raises(hvd.StallError, hvd.allreduce, np.ones(2), name=mine)
+    waited = time.monotonic() - start
+    text = str(exc)
+    assert text.startswith(f"Deadlocked allreduce of tensor '{mine}'"), text
+    assert f"the others wait on: allreduce of tensor '{theirs}'" in text, text
+    assert "(COORDINATOR_DEADLOCK_SECONDS)" in text, text
+    missing = "ranks 1, 2" if n == 3 else "rank 1"
+    assert (f"{missing} did not submit it" if mine == "a" else "rank 0 did not submit it") \
+        in text, text
+    assert 1.5 <= waited < 30, waited
+    assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.deadlock"),
+                 np.full(2, float(n)))
+
+
+def case_a_rank_busy_between_submissions_is_not_a_deadlock(hvd):
+    """The last rank computes for twice the deadlock time before it submits
+    (it has submitted before): the others wait, and nothing fails."""
+    n = hvd.size()
+    hvd.allreduce(np.ones(1), name="busy.warm")
+    if hvd.rank() == n - 1:
+        time.sleep(4.5)
+    assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="busy.late"),
+                 np.full(2, float(n)))
+
+
+def case_a_thread_that_will_submit_is_not_a_deadlock(hvd):
+    """Rank 0's main thread waits on 'x' and the others' on 'y' first, which
+    rank 0 submits from a second thread (one that submitted before) only
+    after twice the deadlock time: rank 0 is not all blocked, so nothing
+    fails, and both complete."""
+    n = hvd.size()
+    got = {}
+
+    def second():
+        got["warm"] = hvd.allreduce(np.ones(1), op=hvd.Sum, name="thread.warm")
+        time.sleep(4.5)
+        got["y"] = hvd.allreduce(np.ones(2), op=hvd.Sum, name="thread.y")
+
+    if hvd.rank() == 0:
+        worker = threading.Thread(target=second)
+        worker.start()
+        x = hvd.allreduce(np.ones(2), op=hvd.Sum, name="thread.x")
+        worker.join()
+    else:
+        hvd.allreduce(np.ones(1), op=hvd.Sum, name="thread.warm")
+        got["y"] = hvd.allreduce(np.ones(2), op=hvd.Sum, name="thread.y")
+        x = hvd.allreduce(np.ones(2), op=hvd.Sum, name="thread.x")
+    assert_equal(x, np.full(2, float(n)))
+    assert_equal(got["y"], np.full(2, float(n)))
