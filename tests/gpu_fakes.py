@@ -213,6 +213,21 @@ def _memcpy(dst, src, nbytes, kind, stream):
     ctypes.memmove(dst, src, nbytes)
 
 
+def install_for_a_job(comm, latency=None):
+    """Makes the coordinator see the fake CuPy, with a FakeNccl over a
+    duplicate of `comm` (an mpi4py communicator of the job), for the probe
+    scripts run under mpirun. `latency`: seconds each NCCL call keeps its
+    stream busy (plus 1 GB/s), so operations stay in flight on the "device"
+    after their calls and lanes overlap; None: calls finish as made."""
+    import tempfile
+
+    from coordinator import gpu
+
+    gpu._modules["cupy"] = fake_cupy(
+        FakeNccl(comm.Dup(), latency=latency, bandwidth=1e9 if latency else None),
+        HostKernels(tempfile.mkdtemp(prefix=f"host-kernels-{comm.rank}-")))
+
+
 def fake_cupy(nccl=None, kernels=None):
     """A module-like object standing for CuPy; `nccl` for cupy.cuda.nccl
     (None: CuPy without NCCL); `kernels` a HostKernels for RawKernel."""

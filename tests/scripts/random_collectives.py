@@ -89,20 +89,12 @@ SIZE = MPI.COMM_WORLD.size
 SETS = {"global": hvd.global_process_set, "pair": hvd.ProcessSet([0, 1]),
         "tail": hvd.ProcessSet([SIZE - 2, SIZE - 1])}
 if FAKE_GPU:
-    import tempfile
-
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import gpu_fakes
-    from coordinator import gpu
 
     # FAKE_GPU_LATENCY=S: each NCCL call keeps its stream busy S seconds
-    # (plus 1 GB/s), so operations stay in flight on the "device" after
-    # their calls and lanes overlap
-    latency = float(os.environ.get("FAKE_GPU_LATENCY", "0")) or None
-    gpu._modules["cupy"] = gpu_fakes.fake_cupy(
-        gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup(), latency=latency,
-                           bandwidth=1e9 if latency else None),
-        gpu_fakes.HostKernels(tempfile.mkdtemp(prefix=f"host-kernels-{MPI.COMM_WORLD.rank}-")))
+    gpu_fakes.install_for_a_job(MPI.COMM_WORLD,
+                                float(os.environ.get("FAKE_GPU_LATENCY", "0")) or None)
 hvd.init(process_sets=[SETS["pair"], SETS["tail"]])
 ME = hvd.rank()
 

@@ -35,19 +35,14 @@ FAKE_GPU = os.environ.get("FAKE_GPU") == "1"
 USE_SETS = os.environ.get("SETS") == "1"
 
 if FAKE_GPU:
-    import tempfile
-
     from mpi4py import MPI
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import gpu_fakes
-    from coordinator import gpu
 
-    latency = float(os.environ.get("FAKE_GPU_LATENCY", "0")) or None
-    gpu._modules["cupy"] = gpu_fakes.fake_cupy(
-        gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup(), latency=latency,
-                           bandwidth=1e9 if latency else None),
-        gpu_fakes.HostKernels(tempfile.mkdtemp(prefix=f"host-kernels-{MPI.COMM_WORLD.rank}-")))
+    # FAKE_GPU_LATENCY=S: each NCCL call keeps its stream busy S seconds
+    gpu_fakes.install_for_a_job(MPI.COMM_WORLD,
+                                float(os.environ.get("FAKE_GPU_LATENCY", "0")) or None)
 if USE_SETS:
     from mpi4py import MPI
 
