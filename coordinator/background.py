@@ -1151,12 +1151,11 @@ class Background:
         period = ctl.stall_inspector.next_check(now)
         self._next_stall_check = now + (period if period else 3600.0)
         own = self._own_ops()
-        stuck = self._blocked(now)
-        if stuck > 0:
-            for rank in range(1, self.size):
-                stuck = min(stuck, self.watchdog.blocked_for(rank, now))
+        blocked = {0: self._blocked(now)}
+        for rank in range(1, self.size):
+            blocked[rank] = self.watchdog.blocked_for(rank, now)
         for text in ctl.inspect_stalls(now, lambda rank: self.watchdog.inside(rank, own, now),
-                                       stuck):
+                                       {rank: t for rank, t in blocked.items() if t > 0}):
             log.warning(text)
 
     def _control_worker(self):

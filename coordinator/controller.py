@@ -456,11 +456,11 @@ class Controller:
             self._negotiation_over(neg)
 
     # ------------------------------------------------------------ stalls
-    def inspect_stalls(self, now=None, inside=None, stuck=0.0):
+    def inspect_stalls(self, now=None, inside=None, blocked=None):
         """Stall warnings (texts) to log now; fails the stalls that expired.
         `inside(rank)`: the long collective a rank is in (or None), which the
-        texts name; `stuck`: how long every rank has been blocked waiting
-        with nothing in flight (a deadlock, stall_inspector.py)."""
+        texts name; `blocked`: {rank: how long it has been blocked waiting
+        with nothing in flight} (deadlocks, stall_inspector.py)."""
         now = self.clock() if now is None else now
         inspector = self.stall_inspector
         if inspector.idle or not self._pending:
@@ -471,7 +471,7 @@ class Controller:
             missing = [m for m in neg.members if m not in neg.requests and m not in joined]
             rows.append((neg.key, neg.representative().op, neg.first, list(neg.requests),
                          missing))
-        warnings, expired = inspector.inspect(now, rows, inside, stuck)
+        warnings, expired = inspector.inspect(now, rows, inside, blocked)
         for stall in expired:
             neg = self._pending.get(stall.key)
             if neg is None:  # failed with its group earlier in this loop

@@ -8,15 +8,16 @@ them later get the same error. A missing rank known to be inside a long
 collective (the watchdog's reports) is said to be: it cannot submit anything
 until that one ends, which is then the place to look.
 
-A deadlock is told apart from a slow rank: when every rank has been blocked
-waiting for results (every thread that submits work there waits, and
-nothing is in flight there: `stuck`, from the watchdog's reports) no rank
-can submit what the others wait for. The ranks called collectives in
-different orders or under different conditions (rank 0 waits on 'a',
-which rank 1 skipped, while rank 1 waits on 'b'). The warnings say so, and
-after `deadlock_time` (COORDINATOR_DEADLOCK_SECONDS, stall checks on or
-off) the stalled operations fail on every rank that submitted them, each
-error naming every rank's wait. Horovod warns about such a job for ever.
+A deadlock is told apart from slow ranks: ranks blocked waiting for
+results (every thread that submits work there waits, and nothing is in
+flight there: from the watchdog's reports), each for tensors only the
+others of them could submit, will never move (`waiting_on_each_other`).
+They called collectives in different orders or under different conditions
+(rank 0 waits on 'a', which rank 1 skipped, while rank 1 waits on 'b').
+The warnings say so, and after `deadlock_time` (COORDINATOR_DEADLOCK_SECONDS,
+stall checks on or off) their stalled operations fail on every rank that
+submitted them, each error naming every wait of the deadlock. Horovod
+warns about such a job for ever.
 """
 
 from coordinator.ops_names import format_ranks, op_name
@@ -57,7 +58,9 @@ class StallInspector:
         self.disabled = disabled or (check_time <= 0 and shutdown_time <= 0)
         self.deadlock_time = deadlock_time
         self._warned = {}  # key -> time of the last warning
-        self.stuck = 0.0  # how long every rank had been blocked, at the last inspect
+        # At the last inspect: the ranks waiting on each other for at least
+        # DEADLOCK_NOTICE, and for how long all of them had been.
+        self.stuck_ranks, self.stuck = (), 0.0
 
     @property
     def idle(self):
@@ -71,30 +74,36 @@ class StallInspector:
             times.append(self.deadlock_time)
         return min(min(times) / 4, 1.0) if times else None
 
-    def inspect(self, now, negotiations, inside=None, stuck=0.0):
+    def inspect(self, now, negotiations, inside=None, blocked=None):
         """Look at the open negotiations.
 
         `negotiations` yields ((process set, name), op, first_submit_time,
         submitted ranks, missing ranks); `inside(rank)` says which long
-        collective a rank is in, or None; `stuck` is how long every rank has
-        been blocked waiting, with nothing in flight. Returns (warnings,
-        expired): stalls to warn about now, and stalls past the shutdown time
-        or deadlocked for the deadlock time (`Stall.deadlocked`).
+        collective a rank is in, or None; `blocked` maps ranks to how long
+        each has been blocked waiting, with nothing in flight (absent: not
+        blocked). Returns (warnings, expired): stalls to warn about now, and
+        stalls past the shutdown time or deadlocked for the deadlock time
+        (`Stall.deadlocked`).
         """
         warnings, expired = [], []
-        self.stuck = stuck
+        self.stuck_ranks, self.stuck = (), 0.0
         if self.idle:
             return warnings, expired
-        deadlocked = self.deadlock_time > 0 and stuck >= self.deadlock_time
+        rows = [row for row in negotiations if row[4]]
+        blocked = blocked or {}
+        circle = waiting_on_each_other(rows, blocked, DEADLOCK_NOTICE)
+        if circle:
+            self.stuck_ranks = sorted(circle)
+            self.stuck = min(blocked[r] for r in circle)
+        stuck = (waiting_on_each_other(rows, blocked, self.deadlock_time)
+                 if self.deadlock_time > 0 and circle else set())
         live = set()
-        for key, op, first, submitted, missing in negotiations:
-            if not missing:
-                continue
+        for key, op, first, submitted, missing in rows:
             waited = now - first
             live.add(key)
             stall = Stall(key, op, sorted(missing), sorted(submitted), waited,
                           self._inside(missing, inside))
-            if deadlocked:
+            if stuck.intersection(submitted):
                 stall.deadlocked = True
                 expired.append(stall)
                 continue
@@ -111,6 +120,9 @@ class StallInspector:
         for key in list(self._warned):
             if key not in live:
                 del self._warned[key]
+        if stuck:
+            self.stuck_ranks = sorted(stuck)
+            self.stuck = min(blocked[r] for r in stuck)
         return warnings, expired
 
     @staticmethod
@@ -120,17 +132,21 @@ class StallInspector:
         found = {rank: inside(rank) for rank in ranks}
         return {rank: what for rank, what in found.items() if what}
 
+    def _deadlock_text(self):
+        ranks = format_ranks(self.stuck_ranks)
+        return (f"{ranks} have been waiting for {self.stuck:.1f} s with nothing in flight, "
+                "each for tensors only the others could submit: a deadlock (they called "
+                "collectives in different orders or under different conditions)")
+
     def warning_text(self, stalls):
         lines = ["One or more tensors were submitted by some ranks but not by others; "
                  "the ranks that did are waiting:"]
         lines += ["  " + s.describe() for s in stalls]
-        if self.stuck >= DEADLOCK_NOTICE:
+        if self.stuck_ranks:
             after = (f"; they fail after {self.deadlock_time:g} s of this "
                      "(COORDINATOR_DEADLOCK_SECONDS)" if self.deadlock_time > 0 else "")
-            lines.append(f"  Every rank has been waiting for {self.stuck:.1f} s with nothing "
-                         "in flight, so no rank can submit these: a deadlock (the ranks "
-                         "called collectives in different orders or under different "
-                         f"conditions){after}.")
+            text = self._deadlock_text()
+            lines.append(f"  {text[0].upper()}{text[1:]}{after}.")
         if self.shutdown_time > 0:
             lines.append(f"  These operations fail after {self.shutdown_time:g} s "
                          "(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS).")
@@ -145,8 +161,31 @@ class StallInspector:
         others = [s for s in stalls if s is not stall and s.deadlocked]
         also = ("; the others wait on: " + "; ".join(s.describe() for s in others)
                 if others else "")
-        return (f"Deadlocked {stall.describe()}; every rank has been waiting for "
-                f"{self.stuck:.1f} s with nothing in flight, so no rank can submit it (the "
-                f"ranks called collectives in different orders or under different "
-                f"conditions){also}; failed after {self.deadlock_time:g} s "
-                "(COORDINATOR_DEADLOCK_SECONDS)")
+        return (f"Deadlocked {stall.describe()}; {self._deadlock_text()}{also}; failed "
+                f"after {self.deadlock_time:g} s (COORDINATOR_DEADLOCK_SECONDS)")
+
+
+def waiting_on_each_other(rows, blocked, at_least):
+    """The ranks deadlocked on the open negotiations `rows` ((key, op, first,
+    submitted, missing) each, missing not empty): the largest set of ranks,
+    each blocked for `at_least` seconds (`blocked`), each with some
+    submission still open, and each open submission of each waiting only
+    for ranks of the set. None of them can submit what the others wait for
+    (with nothing in flight, what a blocked rank waits on is one of its open
+    submissions), so none will move. Ranks outside it (running, or waiting
+    on one that runs) do not matter: a set of ranks can deadlock while the
+    others train on."""
+    ranks = {rank for rank, seconds in blocked.items() if seconds >= at_least}
+    if len(ranks) < 2:
+        return set()
+    waits = {}
+    for _, _, _, submitted, missing in rows:
+        for rank in submitted:
+            if rank in ranks:
+                waits.setdefault(rank, []).append(set(missing))
+    ranks = set(waits)
+    while True:
+        kept = {rank for rank in ranks if all(m <= ranks for m in waits[rank])}
+        if kept == ranks:
+            return ranks
+        ranks = kept

@@ -30,9 +30,10 @@ something is in flight (an idle job sends nothing):
   `shutdown_time` (or `silence`) the job fails.
 
 Reports also say how long every thread that submits work on the rank has
-been blocked waiting, with nothing in flight there: when every rank is so
-for COORDINATOR_DEADLOCK_SECONDS, the stall inspector fails the operations
-they wait on (a deadlock; stall_inspector.py).
+been blocked waiting, with nothing in flight there: ranks so for
+COORDINATOR_DEADLOCK_SECONDS, each for tensors only the others could
+submit, are deadlocked, and the stall inspector fails the operations they
+wait on (stall_inspector.py).
 
 With stall checks off (HOROVOD_STALL_CHECK_DISABLE) there are no warnings
 and no stall shutdown time, but `silence` still holds: the setting quiets

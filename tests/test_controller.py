@@ -337,14 +337,14 @@ def test_a_deadlock_is_said_in_the_warning_and_fails_every_wait_after_the_deadlo
     submit(ctl, 0, req("a"))
     submit(ctl, 1, req("b"))
     clock.now += 6
-    (warning,) = ctl.inspect_stalls(stuck=6.0)
-    assert "Every rank has been waiting for 6.0 s with nothing in flight" in warning, warning
+    (warning,) = ctl.inspect_stalls(blocked={0: 6.0, 1: 7.0})
+    assert "Ranks 0, 1 have been waiting for 6.0 s with nothing in flight" in warning, warning
     assert "a deadlock" in warning and "fail after 20 s of this" in warning, warning
     clock.now += 13
-    ctl.inspect_stalls(stuck=19.0)
+    ctl.inspect_stalls(blocked={0: 19.0, 1: 30.0})
     assert ctl.take_plans() == []
     clock.now += 1
-    ctl.inspect_stalls(stuck=20.0)
+    ctl.inspect_stalls(blocked={0: 20.0, 1: 30.0})
     plans = {tuple(p.response.names): p for p in ctl.take_plans()}
     a, b = plans[("a",)].response, plans[("b",)].response
     assert plans[("a",)].recipients == (0,) and a.error_kind == pb.STALL
@@ -362,23 +362,68 @@ def test_ranks_that_are_not_all_blocked_are_only_warned_about():
     ctl = Controller(2, stall_inspector=StallInspector(5, 0, deadlock_time=20), clock=clock)
     submit(ctl, 0, req("a"))
     clock.now += 100
-    (warning,) = ctl.inspect_stalls(stuck=0.0)
+    (warning,) = ctl.inspect_stalls(blocked={1: 50.0})
     assert "deadlock" not in warning
-    ctl.inspect_stalls(stuck=19.9)
+    ctl.inspect_stalls(blocked={0: 19.9, 1: 50.0})
     assert ctl.take_plans() == []
     quiet = Controller(2, stall_inspector=StallInspector(5, 0, disabled=True, deadlock_time=20),
                        clock=clock)
     submit(quiet, 0, req("a"))
+    submit(quiet, 1, req("b"))
     clock.now += 100
-    assert quiet.inspect_stalls(stuck=19.0) == [] and quiet.take_plans() == []
-    assert quiet.inspect_stalls(stuck=21.0) == []
-    (plan,) = quiet.take_plans()
-    assert plan.response.error.startswith("Deadlocked allreduce of tensor 'a'")
+    assert quiet.inspect_stalls(blocked={0: 19.0, 1: 50.0}) == [] and quiet.take_plans() == []
+    assert quiet.inspect_stalls(blocked={0: 21.0, 1: 21.0}) == []
+    plans = quiet.take_plans()
+    assert sorted(p.response.names[0] for p in plans) == ["a", "b"]
+    assert all(p.response.error.startswith("Deadlocked allreduce") for p in plans)
     off = Controller(2, stall_inspector=StallInspector(5, 0, deadlock_time=0), clock=clock)
     submit(off, 0, req("a"))
     clock.now += 1000
-    off.inspect_stalls(stuck=1000.0)
+    off.inspect_stalls(blocked={0: 1000.0, 1: 1000.0})
     assert off.take_plans() == []  # 0: wait, as Horovod does
+
+
+def test_ranks_waiting_on_each_other_deadlock_while_others_run_on():
+    """Ranks 0 and 1 wait on each other in process set 1: deadlocked,
+    whatever rank 3 (running) does. Rank 2, blocked on 'g', which rank 3
+    could still submit, is not part of it; once rank 3 is blocked too, on
+    'h', which only ranks of the deadlock could submit, all four are."""
+    from coordinator.stall_inspector import waiting_on_each_other
+
+    clock = FakeClock()
+    ctl = Controller(4, stall_inspector=StallInspector(5, 0, deadlock_time=20), clock=clock)
+    ctl.register_process_set(1, (0, 1))
+    submit(ctl, 0, req("x", process_set_id=1))
+    submit(ctl, 1, req("y", process_set_id=1))
+    submit(ctl, 2, req("g"))
+    submit(ctl, 3, req("h"))
+    rows = [(n.key, n.representative().op, n.first, list(n.requests),
+             [m for m in n.members if m not in n.requests]) for n in ctl._pending.values()]
+    blocked = {0: 30.0, 1: 30.0, 2: 30.0}
+    assert waiting_on_each_other(rows, blocked, 20) == {0, 1}
+    blocked[3] = 25.0
+    assert waiting_on_each_other(rows, blocked, 20) == {0, 1, 2, 3}
+    assert waiting_on_each_other(rows, blocked, 26) == {0, 1}
+    assert waiting_on_each_other(rows, {0: 30.0}, 20) == set()
+    clock.now += 30
+    ctl.inspect_stalls(blocked=blocked)
+    failed = sorted(p.response.names[0] for p in ctl.take_plans())
+    assert failed == ["g", "h", "x", "y"], failed
+
+
+def test_a_pair_deadlocks_in_a_set_while_the_rank_outside_it_trains():
+    clock = FakeClock()
+    ctl = Controller(3, stall_inspector=StallInspector(5, 0, deadlock_time=20), clock=clock)
+    ctl.register_process_set(1, (0, 1))
+    submit(ctl, 0, req("x", process_set_id=1))
+    submit(ctl, 1, req("y", process_set_id=1))
+    clock.now += 30
+    (warning,) = ctl.inspect_stalls(blocked={0: 10.0, 1: 12.0})
+    assert "Ranks 0, 1 have been waiting for 10.0 s" in warning, warning
+    ctl.inspect_stalls(blocked={0: 21.0, 1: 22.0})  # rank 2 is not blocked: no matter
+    plans = {p.response.names[0]: p for p in ctl.take_plans()}
+    assert sorted(plans) == ["x", "y"] and plans["x"].recipients == (0,)
+    assert "ranks 0, 1 have been waiting for 21.0 s" in plans["x"].response.error
 
 
 def test_cycle_time_holds_ready_tensors_to_fuse_more():

@@ -11,6 +11,10 @@ import numpy as np
 from core_cases import assert_equal, expect_raises
 
 
+def setup(hvd):
+    hvd.init(process_sets="dynamic")
+
+
 def case_ranks_waiting_on_each_other_fail_naming_every_wait(hvd):
     """Rank 0 waits on 'a', which the others never submit; they wait on 'b',
     which rank 0 never submits: each gets a StallError naming its own wait
@@ -68,3 +72,29 @@ def case_a_thread_that_will_submit_is_not_a_deadlock(hvd):
         x = hvd.allreduce(np.ones(2), op=hvd.Sum, name="thread.x")
     assert_equal(x, np.full(2, float(n)))
     assert_equal(got["y"], np.full(2, float(n)))
+
+
+def case_two_ranks_deadlocked_in_a_set_fail_while_the_others_train_on(hvd):
+    """Ranks 0 and 1 wait on each other in the set [0, 1] while the other
+    ranks compute (they are not blocked, and need not be): the pair's
+    operations fail after the deadlock time, naming both waits."""
+    n = hvd.size()
+    if n < 3:
+        return
+    pair = hvd.add_process_set([0, 1])
+    me = hvd.rank()
+    if me in (0, 1):
+        mine, theirs = ("x", "y") if me == 0 else ("y", "x")
+        exc = expect_raises(hvd.StallError, hvd.allreduce, np.ones(2), name=mine,
+                            process_set=pair)
+        text = str(exc)
+        assert text.startswith(f"Deadlocked allreduce of tensor '{mine}' in process set "
+                               f"{pair.process_set_id}"), text
+        assert "ranks 0, 1 have been waiting" in text, text
+        assert f"the others wait on: allreduce of tensor '{theirs}'" in text, text
+    else:
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end:  # training on: not blocked
+            time.sleep(0.05)
+    hvd.barrier()
+    assert hvd.remove_process_set(pair)
