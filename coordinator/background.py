@@ -263,9 +263,15 @@ class Background:
         self._gap_until = 0.0
         self._cycle_backoff = 0.0
         self._next_cycle_report = 0.0
-        self._report_after = (cfg.stall_check_time / 2
-                              if cfg.stall_check_time > 0 and not cfg.stall_check_disable
-                              else float("inf"))
+        # A tensor waiting in a cycle's slots for this long is described to
+        # rank 0 in full (a report), where the stall inspector sees it: in
+        # time for the stall warning, and for the deadlock check, which
+        # must see every open submission of a rank blocked for the deadlock
+        # time (one missing could be what frees that rank).
+        self._report_after = min(
+            cfg.stall_check_time / 2 if cfg.stall_check_time > 0 and not cfg.stall_check_disable
+            else float("inf"),
+            cfg.deadlock_time / 2 if cfg.deadlock_time > 0 else float("inf"))
         # What every rank plans cycles with; rank 0 sets them, rounds carry them.
         self.params = {"fast": self.cache_enabled, "fusion_threshold": cfg.fusion_threshold,
                        "pack_limit": cfg.pack_limit}

@@ -9,8 +9,10 @@ STALLS = CaseResults("tests/mpi/stall_cases.py",
                      env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
                           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}, case_timeout=120)
 DEADLOCKS = CaseResults("tests/mpi/deadlock_cases.py",
-                        env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
-                             "COORDINATOR_DEADLOCK_SECONDS": "2"}, case_timeout=60)
+                        env={"COORDINATOR_DEADLOCK_SECONDS": "2"}, case_timeout=60)
+QUIET_DEADLOCKS = CaseResults("tests/mpi/deadlock_cases.py",
+                              env={"COORDINATOR_DEADLOCK_SECONDS": "2",
+                                   "HOROVOD_STALL_CHECK_DISABLE": "1"}, case_timeout=60)
 SET_STALLS = CaseResults("tests/mpi/set_stall_cases.py",
                          env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
                               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}, case_timeout=60)
@@ -61,3 +63,9 @@ def test_stall_warning_names_tensor_missing_rank_and_wait():
 @pytest.mark.parametrize("case", case_names("tests/mpi/deadlock_cases.py"))
 def test_deadlocks(case, np_):
     DEADLOCKS.check(case, np_)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", case_names("tests/mpi/deadlock_cases.py"))
+def test_deadlocks_with_stall_checks_disabled(case):
+    QUIET_DEADLOCKS.check(case, 2)

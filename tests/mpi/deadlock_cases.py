@@ -1,7 +1,7 @@
 """Deadlocks: every rank waits on a tensor another rank never submitted.
-Horovod's defaults (no stall shutdown time), with
-COORDINATOR_DEADLOCK_SECONDS=2 and HOROVOD_STALL_CHECK_TIME_SECONDS=1 (set by
-tests/test_lifecycle_mpi.py)."""
+Horovod's defaults (no stall shutdown time, a 60 s stall check time), with
+COORDINATOR_DEADLOCK_SECONDS=2, and again with stall checks disabled (set
+by tests/test_lifecycle_mpi.py)."""
 
 import threading
 import time
@@ -35,6 +35,22 @@ def case_ranks_waiting_on_each_other_fail_naming_every_wait(hvd):
     assert 1.5 <= waited < 30, waited
     assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.deadlock"),
                  np.full(2, float(n)))
+
+
+def case_a_deadlock_on_cached_tensors_is_seen_as_soon(hvd):
+    """Tensors every rank has run before wait in the response cache's
+    slots, which rank 0's controller sees only once they are reported:
+    after half the stall check time (30 s), or never with stall checks
+    disabled. They are reported in time for the deadlock check (it took
+    30 s, and for ever with checks disabled)."""
+    for step in range(3):
+        hvd.allreduce(np.ones(2), name="cached.c")
+        hvd.allreduce(np.ones(2), name="cached.d")
+    mine = "cached.c" if hvd.rank() == 0 else "cached.d"
+    start = time.monotonic()
+    exc = expect_raises(hvd.StallError, hvd.allreduce, np.ones(2), name=mine)
+    assert str(exc).startswith(f"Deadlocked allreduce of tensor '{mine}'"), str(exc)
+    assert time.monotonic() - start < 15, time.monotonic() - start
 
 
 def case_a_rank_busy_between_submissions_is_not_a_deadlock(hvd):
