@@ -49,6 +49,8 @@ class Stall:
 # Every rank blocked for this long is worth saying in a stall warning (a
 # wait shorter than this may be a rank between two submissions).
 DEADLOCK_NOTICE = 1.0
+# How many of a deadlock's other waits an error names.
+DEADLOCK_SHOWN = 4
 
 
 class StallInspector:
@@ -159,8 +161,15 @@ class StallInspector:
             return (f"Stalled {stall.describe()}; failed after the stall shutdown time of "
                     f"{self.shutdown_time:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
         others = [s for s in stalls if s is not stall and s.deadlocked]
-        also = ("; the others wait on: " + "; ".join(s.describe() for s in others)
-                if others else "")
+        also = ""
+        if others:
+            # Each rank's own wait first; a step's many gradients only counted.
+            mine = set(stall.submitted)
+            others.sort(key=lambda s: (not mine.isdisjoint(s.submitted), s.key))
+            shown = [s.describe() for s in others[:DEADLOCK_SHOWN]]
+            if len(others) > DEADLOCK_SHOWN:
+                shown.append(f"and {len(others) - DEADLOCK_SHOWN} more")
+            also = "; the others wait on: " + "; ".join(shown)
         return (f"Deadlocked {stall.describe()}; {self._deadlock_text()}{also}; failed "
                 f"after {self.deadlock_time:g} s (COORDINATOR_DEADLOCK_SECONDS)")
 

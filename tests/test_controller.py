@@ -426,6 +426,25 @@ def test_a_pair_deadlocks_in_a_set_while_the_rank_outside_it_trains():
     assert "ranks 0, 1 have been waiting for 21.0 s" in plans["x"].response.error
 
 
+def test_a_deadlock_error_names_the_other_ranks_waits_first_and_counts_the_rest():
+    """Rank 0 waits on a step's ten gradients, rank 1 on its accuracy: rank
+    1's error names four of the gradients and counts the others; rank 0's
+    names rank 1's wait first."""
+    clock = FakeClock()
+    ctl = Controller(2, stall_inspector=StallInspector(5, 0, deadlock_time=20), clock=clock)
+    for i in range(10):
+        submit(ctl, 0, req(f"grad.{i}"))
+    submit(ctl, 1, req("zz.accuracy"))
+    clock.now += 30
+    ctl.inspect_stalls(blocked={0: 25.0, 1: 25.0})
+    errors = {p.response.names[0]: p.response.error for p in ctl.take_plans()}
+    assert len(errors) == 11
+    acc = errors["zz.accuracy"]
+    assert acc.count("allreduce of tensor 'grad.") == 4 and "; and 6 more; failed" in acc, acc
+    first_other = errors["grad.0"].split("the others wait on: ")[1]
+    assert first_other.startswith("allreduce of tensor 'zz.accuracy'"), first_other
+
+
 def test_cycle_time_holds_ready_tensors_to_fuse_more():
     clock = FakeClock()
     ctl = Controller(2, cycle_time=0.005, clock=clock)
