@@ -8,6 +8,7 @@ makes the caller's current stream wait for the work that wrote it.
 """
 
 import itertools
+import sys
 import threading
 import time
 
@@ -18,6 +19,26 @@ HEALTH_CHECK_PERIOD = 0.25
 # What threading.current_thread() is on a thread Python did not start (a
 # framework's C++ pool thread that calls in to submit).
 _POOL_THREAD = getattr(threading, "_DummyThread", ())
+
+# Source files of frameworks' entries into their own runtimes (frontends
+# name them: note_framework_runtime). A thread whose innermost Python frame
+# is in one runs the framework's work, which submits through its pool
+# threads: Keras's fit() on the main thread, inside TensorFlow's executor,
+# while an executor thread waits for a gradient's allreduce.
+_RUNTIME_FILES = []
+
+
+def note_framework_runtime(path_fragment):
+    """A frontend names a framework's runtime entry (a part of a source
+    path, as "/tensorflow/python/eager/"): a submitting thread inside one
+    counts for the deadlock check as a pool thread does (blocked_seconds)."""
+    if path_fragment not in _RUNTIME_FILES:
+        _RUNTIME_FILES.append(path_fragment)
+
+
+def _in_framework_runtime(thread, frames):
+    frame = frames.get(thread.ident)
+    return frame is not None and any(f in frame.f_code.co_filename for f in _RUNTIME_FILES)
 
 
 class HandleTable:
@@ -98,13 +119,15 @@ class HandleTable:
     def blocked_seconds(self, now=None):
         """How long this process has been blocked: some thread waits in
         wait(), and every live thread that has submitted work here either
-        waits too or is a framework's pool thread (not started by Python:
-        PyTorch's autograd threads for CUDA, TensorFlow's executors) that
-        has been quiet since; for as long as all that has held. 0 while a
-        Python thread that has submitted before is not waiting (it may be
-        computing what the others wait for), and before anything was
-        submitted. A thread that has never submitted is not counted: one
-        that starts to only later is the case this cannot see."""
+        waits too or has been quiet since its last submission while it runs
+        a framework's work: a pool thread (not started by Python: PyTorch's
+        autograd threads for CUDA, TensorFlow's executors), or a thread
+        inside a framework's runtime (note_framework_runtime); for as long
+        as all that has held. 0 while another Python thread that has
+        submitted before is not waiting (it may be computing what the
+        others wait for), and before anything was submitted. A thread that
+        has never submitted is not counted: one that starts to only later
+        is the case this cannot see."""
         now = time.monotonic() if now is None else now
         with self._waiting_lock:
             blocked = dict(self._blocked)
@@ -112,6 +135,7 @@ class HandleTable:
             return 0.0
         latest = max(blocked.values())
         counted = False
+        frames = None
         for thread, submitted in list(self._submitters.items()):
             if not _alive(thread):
                 self._submitters.pop(thread, None)
@@ -119,7 +143,10 @@ class HandleTable:
             since = blocked.get(thread)
             if since is None:
                 if not isinstance(thread, _POOL_THREAD):
-                    return 0.0
+                    if frames is None:
+                        frames = sys._current_frames() if _RUNTIME_FILES else {}
+                    if not _in_framework_runtime(thread, frames):
+                        return 0.0
                 since = submitted
             counted = True
             latest = max(latest, since)

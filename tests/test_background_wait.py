@@ -152,6 +152,46 @@ def test_a_pool_thread_quiet_since_its_last_submission_counts_as_blocked():
     finish.set()
 
 
+def test_a_thread_inside_a_framework_runtime_counts_as_quiet_since_its_last_submission(
+        monkeypatch):
+    """A Python thread whose innermost frame is in a framework's runtime
+    entry (a frontend names it: Keras's fit() inside TensorFlow's executor)
+    counts as a pool thread does; the same thread elsewhere does not."""
+    from coordinator import handles
+
+    monkeypatch.setattr(handles, "_RUNTIME_FILES", [])
+    namespace = {}
+    # A C call straight from the runtime's frame, as TensorFlow's execute()
+    # makes (Event.wait would put threading.py's frame innermost).
+    exec(compile("def run(lock):\n    lock.acquire(timeout=10)\n",
+                 "/fake/framework/runtime.py", "exec"), namespace)
+    table = HandleTable()
+    started, release = threading.Event(), _thread.allocate_lock()
+    release.acquire()
+
+    def caller():  # submits, then runs the framework's work
+        table.add(Entry("grad", 1))
+        started.set()
+        namespace["run"](release)
+
+    runner = threading.Thread(target=caller)
+    runner.start()
+    assert started.wait(10)
+    entry = Entry("sync", 1)
+    waiter = threading.Thread(target=lambda: table.wait(table.add(entry)))
+    waiter.start()
+    _wait_until(lambda: table.waiting == 1)
+    time.sleep(0.05)  # the caller is in run() now
+    later = time.monotonic() + 60
+    assert table.blocked_seconds(later) == 0.0  # an unknown frame: it may compute
+    handles.note_framework_runtime("/fake/framework/")
+    assert 59.0 < table.blocked_seconds(later) <= 61.0
+    release.release()
+    runner.join(10)
+    entry.finish(1)
+    waiter.join(10)
+
+
 def test_waited_spin_only_when_every_rank_has_a_cpu():
     assert waited_spin_budget(2, 2) == background.SPIN_WAITED > 0
     assert waited_spin_budget(1, 8) == background.SPIN_WAITED

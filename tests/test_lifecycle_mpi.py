@@ -13,6 +13,10 @@ DEADLOCKS = CaseResults("tests/mpi/deadlock_cases.py",
 QUIET_DEADLOCKS = CaseResults("tests/mpi/deadlock_cases.py",
                               env={"COORDINATOR_DEADLOCK_SECONDS": "2",
                                    "HOROVOD_STALL_CHECK_DISABLE": "1"}, case_timeout=60)
+FRAMEWORK_DEADLOCKS = CaseResults("tests/mpi/framework_deadlock_cases.py",
+                                  env={"COORDINATOR_DEADLOCK_SECONDS": "2",
+                                       "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""},
+                                  timeout=300, case_timeout=90)
 SET_STALLS = CaseResults("tests/mpi/set_stall_cases.py",
                          env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
                               "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}, case_timeout=60)
@@ -69,3 +73,9 @@ def test_deadlocks(case, np_):
 @pytest.mark.parametrize("case", case_names("tests/mpi/deadlock_cases.py"))
 def test_deadlocks_with_stall_checks_disabled(case):
     QUIET_DEADLOCKS.check(case, 2)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", case_names("tests/mpi/framework_deadlock_cases.py"))
+def test_uneven_data_without_join_is_a_deadlock_error_in_keras_and_pytorch(case):
+    FRAMEWORK_DEADLOCKS.check(case, 2)

@@ -44,6 +44,7 @@ reducescatter's gathers them.
 """
 
 import contextlib
+import os
 import re
 
 import numpy as np
@@ -54,9 +55,15 @@ from tensorflow.python.ops import control_flow_util as _control_flow_util
 
 import coordinator as core
 from coordinator import collectives as _core_collectives
+from coordinator import handles as _core_handles
 from coordinator.process_sets import global_process_set
 from frontends.tensorflow import errors, ordering
 from frontends.tensorflow import tensor_bridge as bridge
+
+# A tf.function (Keras's fit()) runs on the calling thread inside TensorFlow's
+# executor, whose own threads run the collectives in it: the deadlock check
+# counts the caller as one of them (coordinator/handles.py).
+_core_handles.note_framework_runtime(os.path.join("tensorflow", "python", "eager", ""))
 
 Average = core.Average
 Sum = core.Sum

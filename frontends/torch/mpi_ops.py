@@ -24,6 +24,7 @@ come in the same order on its ranks.
 import functools
 import inspect
 import itertools
+import os
 
 import numpy as np
 import torch
@@ -37,9 +38,15 @@ from coordinator.basics import (ccl_built, cuda_built, ddl_built, gloo_built,  #
                                 start_timeline, stop_timeline)
 from coordinator.collectives import handle_average_backwards_compatibility
 from coordinator.collectives import label as _label
+from coordinator import handles as _core_handles
 from coordinator.errors import HorovodInternalError
 from coordinator.process_sets import ProcessSet, global_process_set
 from frontends.torch import _tensors
+
+# backward() runs on the calling thread inside autograd's engine, whose own
+# threads run the gradient hooks of CUDA tensors, which submit: the deadlock
+# check counts the caller as one of them (coordinator/handles.py).
+_core_handles.note_framework_runtime(os.path.join("torch", "autograd", ""))
 
 # Reduction ops: Horovod's values, plain ints.
 Average = core.Average
