@@ -61,6 +61,17 @@ def test_a_failed_wait_still_uncounts_itself():
     assert table.waiting == 0
 
 
+def _submit_and_wait(table, name):
+    """A thread that submits `name` to `table` and waits for it; returns
+    (its entry, the thread), once it waits."""
+    entry = Entry(name, 1)
+    waiting = table.waiting
+    thread = threading.Thread(target=lambda: table.wait(table.add(entry)))
+    thread.start()
+    _wait_until(lambda: table.waiting == waiting + 1)
+    return entry, thread
+
+
 def test_blocked_seconds_counts_only_while_every_live_submitter_waits():
     """The deadlock check's view of a process: blocked while every live
     thread that has submitted is waiting in wait(), since the last of them
@@ -98,16 +109,7 @@ def test_blocked_seconds_counts_only_while_every_live_submitter_waits():
     ender = threading.Thread(target=lambda: solo.add(Entry("short", 1)))
     ender.start()
     ender.join(10)
-    entry = Entry("solo", 1)
-    handle = {}
-
-    def lone():
-        handle["h"] = solo.add(entry)
-        solo.wait(handle["h"])
-
-    lonely = threading.Thread(target=lone)
-    lonely.start()
-    _wait_until(lambda: solo.waiting == 1)
+    entry, lonely = _submit_and_wait(solo, "solo")
     now = time.monotonic()
     assert 0.0 <= solo.blocked_seconds(now) < 5.0
     assert solo.blocked_seconds(now + 30) >= 30.0
@@ -133,16 +135,7 @@ def test_a_pool_thread_quiet_since_its_last_submission_counts_as_blocked():
     _thread.start_new_thread(pool_thread, ())
     assert submitted.wait(10)
     pool_submit = time.monotonic()
-    entry = Entry("sync", 1)
-    handle = {}
-
-    def waiter():
-        handle["h"] = table.add(entry)
-        table.wait(handle["h"])
-
-    t = threading.Thread(target=waiter)
-    t.start()
-    _wait_until(lambda: table.waiting == 1)
+    entry, t = _submit_and_wait(table, "sync")
     now = time.monotonic()
     assert 0.0 < table.blocked_seconds(now + 60) <= 60.0 + (now - pool_submit)
     table.add(Entry("python thread", 1))  # this thread submits and runs on
@@ -177,10 +170,7 @@ def test_a_thread_inside_a_framework_runtime_counts_as_quiet_since_its_last_subm
     runner = threading.Thread(target=caller)
     runner.start()
     assert started.wait(10)
-    entry = Entry("sync", 1)
-    waiter = threading.Thread(target=lambda: table.wait(table.add(entry)))
-    waiter.start()
-    _wait_until(lambda: table.waiting == 1)
+    entry, waiter = _submit_and_wait(table, "sync")
     time.sleep(0.05)  # the caller is in run() now
     later = time.monotonic() + 60
     assert table.blocked_seconds(later) == 0.0  # an unknown frame: it may compute
