@@ -16,6 +16,10 @@ import time
 # failed background thread) while its operation has not completed.
 HEALTH_CHECK_PERIOD = 0.25
 
+# The threads that have submitted are remembered (the deadlock check); ended
+# ones are forgotten once this many are.
+PRUNE_SUBMITTERS = 64
+
 # What threading.current_thread() is on a thread Python did not start (a
 # framework's C++ pool thread that calls in to submit).
 _POOL_THREAD = getattr(threading, "_DummyThread", ())
@@ -57,10 +61,17 @@ class HandleTable:
         # For the deadlock check (stall_inspector.py): the threads that have
         # submitted here, and when each thread blocked in wait() now began.
         self._submitters = {}  # threading.Thread -> time.monotonic() of its last submission
+        self._prune_at = PRUNE_SUBMITTERS  # forget ended threads when there are this many
         self._blocked = {}  # threading.Thread -> time.monotonic() it blocked
 
     def add(self, item):
-        self._submitters[threading.current_thread()] = time.monotonic()
+        thread = threading.current_thread()
+        if thread not in self._submitters and len(self._submitters) >= self._prune_at:
+            # A program that starts a thread per step must not grow this.
+            for old in [t for t in list(self._submitters) if not _alive(t)]:
+                self._submitters.pop(old, None)
+            self._prune_at = max(PRUNE_SUBMITTERS, 2 * len(self._submitters))
+        self._submitters[thread] = time.monotonic()
         handle = next(self._ids)
         self._items[handle] = item  # a single dict store is atomic under the GIL
         return handle

@@ -182,6 +182,19 @@ def test_a_thread_inside_a_framework_runtime_counts_as_quiet_since_its_last_subm
     waiter.join(10)
 
 
+def test_threads_that_submitted_and_ended_are_forgotten():
+    """A thread per step that submits once must not make the table of
+    submitting threads grow without bound."""
+    from coordinator import handles
+
+    table = HandleTable()
+    for i in range(5 * handles.PRUNE_SUBMITTERS):
+        t = threading.Thread(target=lambda: table.add(Entry("once", 1)))
+        t.start()
+        t.join(10)
+    assert len(table._submitters) <= handles.PRUNE_SUBMITTERS + 1
+
+
 def test_waited_spin_only_when_every_rank_has_a_cpu():
     assert waited_spin_budget(2, 2) == background.SPIN_WAITED > 0
     assert waited_spin_budget(1, 8) == background.SPIN_WAITED
