@@ -46,8 +46,8 @@ class Stall:
                 f"{'has' if len(self.submitted) == 1 else 'have'} waited {self.waited:.1f} s")
 
 
-# Every rank blocked for this long is worth saying in a stall warning (a
-# wait shorter than this may be a rank between two submissions).
+# Ranks waiting on each other for this long are said to in a stall warning
+# (a wait shorter than this may be a rank between two submissions).
 DEADLOCK_NOTICE = 1.0
 # How many of a deadlock's other waits an error names.
 DEADLOCK_SHOWN = 4
@@ -74,7 +74,7 @@ class StallInspector:
         times = [t for t in (self.check_time, self.shutdown_time) if t > 0 and not self.disabled]
         if self.deadlock_time > 0:
             times.append(self.deadlock_time)
-        return min(min(times) / 4, 1.0) if times else None
+        return min(times) / 4 if times else None
 
     def inspect(self, now, negotiations, inside=None, blocked=None):
         """Look at the open negotiations.
