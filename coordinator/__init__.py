@@ -33,8 +33,9 @@ from coordinator.collectives import (Adasum, Average, Max, Min, Product, Sum, al
                                      grouped_reducescatter, grouped_reducescatter_async, join,
                                      poll, recv, recv_async, reducescatter,
                                      reducescatter_async, send, send_async, synchronize)
-from coordinator.errors import (HorovodInternalError, NotInitializedError, RankFailedError,
-                                ShutdownError, StallError, TensorMismatchError)
+from coordinator.errors import (DeadlockError, HorovodInternalError, InvalidOperationError,
+                                NotInitializedError, RankFailedError, ShutdownError,
+                                StallError, TensorMismatchError)
 from coordinator.process_sets import ProcessSet, global_process_set
 
 __version__ = "0.1.0"
@@ -53,7 +54,7 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "HorovodInternalError", "NotInitializedError", "RankFailedError", "ShutdownError",
-    "StallError", "TensorMismatchError", "run",
+    "StallError", "TensorMismatchError", "DeadlockError", "InvalidOperationError", "run",
 ]
 
 

@@ -36,8 +36,9 @@ from coordinator import dtypes
 from coordinator.control_channel import (TAG_REQUEST, TAG_RESPONSE, TAG_ROUND,
                                          TAG_ROUND_RESPONSE, peer_failure)
 from coordinator.controller import CACHEABLE, Controller
-from coordinator.errors import (HorovodInternalError, RankFailedError, ShutdownError,
-                                StallError, TensorMismatchError)
+from coordinator.errors import (DeadlockError, HorovodInternalError, InvalidOperationError,
+                                RankFailedError, ShutdownError, StallError,
+                                TensorMismatchError)
 from coordinator.executor import Executor, Operation
 from coordinator.fusion import copy_scaled
 from coordinator.liveness import describe_dead
@@ -57,7 +58,8 @@ log = logging.getLogger("coordinator")
 ERROR_TYPES = {
     pb.MISMATCH: TensorMismatchError,
     pb.STALL: StallError,
-    pb.INVALID: HorovodInternalError,
+    pb.DEADLOCK: DeadlockError,
+    pb.INVALID: InvalidOperationError,
     pb.INTERNAL: HorovodInternalError,
     pb.BROKEN: HorovodInternalError,
 }

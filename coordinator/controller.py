@@ -476,7 +476,8 @@ class Controller:
             neg = self._pending.get(stall.key)
             if neg is None:  # failed with its group earlier in this loop
                 continue
-            self._fail_negotiation(neg, inspector.error_text(stall, expired), pb.STALL)
+            self._fail_negotiation(neg, inspector.error_text(stall, expired),
+                                   pb.DEADLOCK if stall.deadlocked else pb.STALL)
         if warnings:
             return [inspector.warning_text(warnings)]
         return []

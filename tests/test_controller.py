@@ -347,7 +347,7 @@ def test_a_deadlock_is_said_in_the_warning_and_fails_every_wait_after_the_deadlo
     ctl.inspect_stalls(blocked={0: 20.0, 1: 30.0})
     plans = {tuple(p.response.names): p for p in ctl.take_plans()}
     a, b = plans[("a",)].response, plans[("b",)].response
-    assert plans[("a",)].recipients == (0,) and a.error_kind == pb.STALL
+    assert plans[("a",)].recipients == (0,) and a.error_kind == b.error_kind == pb.DEADLOCK
     assert a.error.startswith("Deadlocked allreduce of tensor 'a': rank 1 did not submit it")
     assert "the others wait on: allreduce of tensor 'b': rank 0 did not submit it" in a.error
     assert b.error.startswith("Deadlocked allreduce of tensor 'b'") and "'a'" in b.error

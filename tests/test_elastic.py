@@ -18,7 +18,8 @@ from coordinator import liveness, run
 from coordinator._wire import driver_pb2 as dpb
 from coordinator.elastic import auth, hosts, loop, membership, service, state
 from coordinator.elastic.driver import ElasticDriver, InvalidRequest, JobStopped, assign
-from coordinator.errors import HorovodInternalError
+from coordinator.errors import (DeadlockError, HorovodInternalError, InvalidOperationError,
+                                RankFailedError, StallError, TensorMismatchError)
 
 SECRET = "0123456789abcdef" * 4
 METHODS = {
@@ -594,6 +595,51 @@ def test_outside_an_elastic_job_a_failure_propagates(monkeypatch):
 
     with pytest.raises(HorovodInternalError):
         loop.run_fn(train, lambda: None)(s)
+
+
+@pytest.mark.parametrize("error", [
+    TensorMismatchError("Mismatched shape for allreduce of tensor 'w': rank 1 sent (4,)"),
+    InvalidOperationError("rank 1 rejected allreduce of tensor 'w': TypeError: strings"),
+    DeadlockError("Deadlocked allreduce of tensor 'acc0': rank 1 did not submit it"),
+], ids=type)
+def test_the_programs_own_mistakes_stop_an_elastic_job_instead_of_resetting_it(
+        monkeypatch, error):
+    """A reset replays the program from its last commit, which makes the same
+    calls again: Horovod reset on a mismatch about 70 times a second, for
+    ever. The error leaves run() as it came, saying why it was not retried."""
+    monkeypatch.setattr(membership, "current", lambda: FakeMembership())
+    s = state.ObjectState(bcast_object=identity, get_rank=lambda: 0, step=0)
+    calls, resets = [], []
+
+    def train(s):
+        calls.append(1)
+        if len(calls) > 1:
+            return "replayed"
+        raise error
+
+    with pytest.raises(type(error)) as raised:
+        loop.run_fn(train, lambda: resets.append(1))(s)
+    assert raised.value is error and (calls, resets) == ([1], [])
+    assert any("did not reset the job" in note for note in raised.value.__notes__)
+
+
+@pytest.mark.parametrize("error", [StallError("Stalled allreduce of tensor 'w'"),
+                                   RankFailedError("rank 2 died"),
+                                   HorovodInternalError("operation failed on rank 1")],
+                         ids=type)
+def test_failures_a_reset_can_repair_still_reset_an_elastic_job(monkeypatch, error):
+    monkeypatch.setattr(membership, "current", lambda: FakeMembership())
+    s = state.ObjectState(bcast_object=identity, get_rank=lambda: 0, step=0)
+    calls, resets = [], []
+
+    def train(s):
+        calls.append(1)
+        if len(calls) == 1:
+            raise error
+        return "done"
+
+    assert loop.run_fn(train, lambda: resets.append(1))(s) == "done"
+    assert resets == [1]
 
 
 class EndedDriver:

@@ -262,6 +262,33 @@ def test_a_rank_that_fails_its_part_of_a_collective_resets_the_job_with_every_wo
     assert sorted(done) == [("0", "90.0"), ("1", "90.0"), ("2", "90.0")], out[-2000:]
 
 
+@pytest.mark.parametrize("kind, error, says", [
+    ("mismatch", "TensorMismatchError", "Mismatched shape for allreduce of tensor 'mistake'"),
+    ("deadlock", "DeadlockError", "Deadlocked allreduce of tensor 'mistake"),
+    ("refusal", "InvalidOperationError|ValueError", "rejected allreduce of tensor 'mistake'|"),
+])
+def test_the_programs_own_mistake_stops_an_elastic_job_on_every_rank(tmp_path, kind, error,
+                                                                      says):
+    """Mismatched tensors, refused input and ranks waiting on each other
+    happen again after any reset (Horovod's job reset on a mismatch about 70
+    times a second, for ever): every rank raises the error out of
+    elastic.run, saying why it did not reset, and coordrun fails."""
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "3", "--min-np", "2", "--host-discovery-script", script],
+                            "elastic_numpy.py", timeout=120,
+                            env={"MISTAKE_AT": f"7:{kind}", "STEPS": "30",
+                                 "COORDINATOR_DEADLOCK_SECONDS": "2"})
+    assert rc != 0
+    assert "reset:" not in out, out[-3000:]
+    raised = {rank: (kind, text) for rank, kind, text in
+              re.findall(rf"^rank (\d) raised ({error}): (.*)$", out, re.MULTILINE)}
+    assert sorted(raised) == ["0", "1", "2"], out[-3000:] + err[-3000:]
+    for kind, text in raised.values():
+        assert re.search(says, text), text
+        if kind != "ValueError":  # the refusing rank's own error is no collective's
+            assert "did not reset the job for this error" in text, text
+
+
 def test_the_job_stops_after_reset_limit_resets(tmp_path):
     script, _ = discovery(tmp_path, HOSTS)
     rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--reset-limit", "1",

@@ -9,7 +9,7 @@
     train(state)
 
 It syncs the state from rank 0 and calls the function. When a worker is
-lost (any HorovodInternalError: a collective failed), it restores the last
+lost (a HorovodInternalError: a collective failed), it restores the last
 commit; when the hosts changed (HostsUpdatedInterrupt), it keeps the state
 as it is. Either way it then re-forms the job (`reset`: shut the coordinator
 down, re-form the membership, initialise again), syncs the state from the
@@ -17,7 +17,12 @@ new rank 0 (unless only hosts were removed and no worker joined), calls the
 reset callbacks and calls the function again.
 
 Outside an elastic job (no coordrun --min-np/--host-discovery-script) a
-failure cannot be repaired: the error propagates.
+failure cannot be repaired: the error propagates. Nor can the program's own
+mistakes (`errors.repairable`: mismatched tensors, input an operation cannot
+take, ranks waiting on each other): the restored program would make the
+same calls again, so they propagate too, on every rank that met them.
+Horovod resets on them, and met a mismatch again some 70 times a second,
+for ever.
 """
 
 import functools
@@ -25,9 +30,12 @@ import functools
 from coordinator import runtime
 from coordinator.elastic import membership, worker
 from coordinator.elastic.state import HostsUpdatedInterrupt
-from coordinator.errors import HorovodInternalError
+from coordinator.errors import HorovodInternalError, repairable
 
 notification_manager = worker.notification_manager
+
+NOT_RETRIED = ("elastic.run did not reset the job for this error: it is the program's "
+               "own, and the restored program would meet it again")
 
 
 def make_reset(shutdown, init):
@@ -73,8 +81,11 @@ def run_fn(func, reset):
                     if finish is not None:
                         finish()
                     return result
-                except HorovodInternalError:
+                except HorovodInternalError as e:
                     if not elastic:
+                        raise
+                    if not repairable(e):
+                        e.add_note(NOT_RETRIED)
                         raise
                     state.restore()
                     skip_sync = False

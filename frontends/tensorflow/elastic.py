@@ -4,7 +4,9 @@
 TensorFlow reports a failed collective as a `tf.errors.OpError` (inside a
 tf.function, a Keras train step included, TensorFlow decides the class), so
 `run` turns those that come from the coordinator back into
-HorovodInternalError before the elastic loop sees them, as Horovod does.
+HorovodInternalError before the elastic loop sees them, as Horovod does;
+except the program's own mistakes (`errors.repairable`), which a reset
+would meet again: they leave as they came, and the job stops.
 
 Deliberate differences from Horovod 0.28.1, all for TensorFlow 2 / Keras 3:
 states copy variables to host memory (NumPy) on commit; `TensorFlowState`
@@ -17,9 +19,10 @@ variables as the others when they sync.
 import numpy as np
 import tensorflow as tf
 
-from coordinator.elastic import (HostsUpdatedInterrupt, ObjectState, State, run_fn)
-from coordinator.elastic.loop import make_reset
-from coordinator.errors import HorovodInternalError
+from coordinator.elastic import (HostsUpdatedInterrupt, ObjectState, State, membership,
+                                 run_fn)
+from coordinator.elastic.loop import NOT_RETRIED, make_reset
+from coordinator.errors import PROGRAM_ERRORS, HorovodInternalError, repairable
 from frontends.tensorflow.basics import init, rank, shutdown
 from frontends.tensorflow.functions import broadcast_object, broadcast_variables
 
@@ -33,15 +36,25 @@ _CORE_ERROR_MARKS = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast",
                      "the coordinator", "coordinator's background thread")
 
 
+# What marks one of the program's own mistakes in the message of an error
+# raised inside a tf.function, which carries no cause: the class's name, as
+# TensorFlow writes a Python op's exception ("DeadlockError: Deadlocked ...").
+_PROGRAM_ERROR_MARKS = tuple(f"{cls.__name__}: " for cls in PROGRAM_ERRORS)
+
+
 def _core_failure(exc):
-    """True when a TensorFlow error stands for a failed collective."""
+    """What a TensorFlow error stands for: "repairable" (a failed collective
+    a reset can repair), "program" (one of the program's own mistakes), or
+    None (not the coordinator's)."""
     cause = exc
     while cause is not None:
         if isinstance(cause, HorovodInternalError):
-            return True
+            return "repairable" if repairable(cause) else "program"
         cause = cause.__cause__ or cause.__context__
     message = getattr(exc, "message", "") or str(exc)
-    return any(mark in message for mark in _CORE_ERROR_MARKS)
+    if any(mark in message for mark in _PROGRAM_ERROR_MARKS):
+        return "program"
+    return "repairable" if any(mark in message for mark in _CORE_ERROR_MARKS) else None
 
 
 def run(func):
@@ -52,8 +65,11 @@ def run(func):
         try:
             return func(state, *args, **kwargs)
         except tf.errors.OpError as exc:
-            if _core_failure(exc):
+            failure = _core_failure(exc)
+            if failure == "repairable":
                 raise HorovodInternalError(exc) from exc
+            if failure == "program" and membership.current() is not None:
+                exc.add_note(NOT_RETRIED)
             raise
 
     return run_fn(_keep_name(wrapper, func), make_reset(shutdown, init))

@@ -17,13 +17,13 @@ def setup(hvd):
 
 def case_ranks_waiting_on_each_other_fail_naming_every_wait(hvd):
     """Rank 0 waits on 'a', which the others never submit; they wait on 'b',
-    which rank 0 never submits: each gets a StallError naming its own wait
+    which rank 0 never submits: each gets a DeadlockError (a StallError) naming its own wait
     and the others' (the job used to wait, and warn, for ever), and the job
     goes on."""
     n = hvd.size()
     mine, theirs = ("a", "b") if hvd.rank() == 0 else ("b", "a")
     start = time.monotonic()
-    exc = expect_raises(hvd.StallError, hvd.allreduce, np.ones(2), name=mine)
+    exc = expect_raises(hvd.DeadlockError, hvd.allreduce, np.ones(2), name=mine)
     waited = time.monotonic() - start
     text = str(exc)
     assert text.startswith(f"Deadlocked allreduce of tensor '{mine}'"), text
@@ -48,7 +48,7 @@ def case_a_deadlock_on_cached_tensors_is_seen_as_soon(hvd):
         hvd.allreduce(np.ones(2), name="cached.d")
     mine = "cached.c" if hvd.rank() == 0 else "cached.d"
     start = time.monotonic()
-    exc = expect_raises(hvd.StallError, hvd.allreduce, np.ones(2), name=mine)
+    exc = expect_raises(hvd.DeadlockError, hvd.allreduce, np.ones(2), name=mine)
     assert str(exc).startswith(f"Deadlocked allreduce of tensor '{mine}'"), str(exc)
     assert time.monotonic() - start < 15, time.monotonic() - start
 
@@ -101,7 +101,7 @@ def case_two_ranks_deadlocked_in_a_set_fail_while_the_others_train_on(hvd):
     me = hvd.rank()
     if me in (0, 1):
         mine, theirs = ("x", "y") if me == 0 else ("y", "x")
-        exc = expect_raises(hvd.StallError, hvd.allreduce, np.ones(2), name=mine,
+        exc = expect_raises(hvd.DeadlockError, hvd.allreduce, np.ones(2), name=mine,
                             process_set=pair)
         text = str(exc)
         assert text.startswith(f"Deadlocked allreduce of tensor '{mine}' in process set "

@@ -15,7 +15,7 @@ import tensorflow as tf  # noqa: E402
 
 import frontends.tensorflow as hvd  # noqa: E402
 import frontends.tensorflow.keras as hvd_keras  # noqa: E402
-from coordinator.errors import HorovodInternalError  # noqa: E402
+from coordinator.errors import DeadlockError, HorovodInternalError  # noqa: E402
 
 
 def setup(core):
@@ -101,3 +101,81 @@ def case_run_reads_a_failed_collective_from_a_tensorflow_error(core):
     assert exc.__cause__ is lost
     bad = tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [2] vs. [3]")
     assert expect_raises(tf.errors.InvalidArgumentError, failing(bad), state) is bad
+
+
+class _ElasticJob:
+    """An elastic job's membership whose resets are only counted, so that a
+    case sees whether elastic.run would reset without re-forming anything."""
+
+    hosts_version = 0
+    added_last = 0
+
+    def __init__(self):
+        self.resets = 0
+
+    def communicator(self):
+        return None
+
+
+def _run_in_a_fake_elastic_job(func, state):
+    """elastic.run(func)(state): (what it returned or the error it raised,
+    the resets it made)."""
+    from coordinator.elastic import membership
+    import frontends.tensorflow.elastic as tf_elastic
+
+    job = _ElasticJob()
+    saved = membership.current, tf_elastic.make_reset
+    membership.current = lambda: job
+    tf_elastic.make_reset = lambda shutdown, init: lambda: setattr(job, "resets",
+                                                                   job.resets + 1)
+    try:
+        try:
+            return hvd.elastic.run(func)(state), job.resets
+        except tf.errors.OpError as exc:
+            return exc, job.resets
+    finally:
+        membership.current, tf_elastic.make_reset = saved
+
+
+def case_run_raises_the_programs_own_mistakes_without_resetting(core):
+    """A mismatch (eager and inside a tf.function) or a deadlock reaches
+    elastic.run as a TensorFlow error: a reset would meet it again, so it
+    leaves run() as it came, where a lost worker's error resets the job."""
+    state = hvd.elastic.TensorFlowState([tf.Variable(_rank_values((1,)))])
+    mine = np.ones(3 + hvd.rank(), np.float32)
+
+    @tf.function
+    def graph_allreduce(x):
+        return hvd.allreduce(x, name="mismatched_in_graph")
+
+    def deadlocked(x):
+        raise DeadlockError("Deadlocked allreduce of tensor 'acc0': rank 1 did not submit it")
+
+    @tf.function
+    def graph_deadlock(x):
+        return tf.numpy_function(deadlocked, [x], tf.float32)
+
+    mistakes = [lambda: hvd.allreduce(tf.constant(mine), name="mismatched_eagerly"),
+                lambda: graph_allreduce(tf.constant(mine)),
+                lambda: graph_deadlock(tf.constant(mine))]
+    for mistake in mistakes:
+        calls = []
+
+        def train(state):
+            calls.append(1)
+            return "replayed" if len(calls) > 1 else mistake()
+
+        exc, resets = _run_in_a_fake_elastic_job(train, state)
+        assert isinstance(exc, tf.errors.OpError) and resets == 0, (exc, resets)
+        assert "Mismatched shape" in exc.message or "Deadlocked" in exc.message, exc.message
+        assert any("did not reset the job" in note for note in exc.__notes__), exc
+
+    calls = []
+
+    def lost_then_done(state):
+        calls.append(1)
+        if len(calls) == 1:
+            raise tf.errors.UnknownError(None, None, "HorovodAllreduce_grad_0: rank 1 exited")
+        return "done"
+
+    assert _run_in_a_fake_elastic_job(lost_then_done, state) == ("done", 1)

@@ -13,6 +13,11 @@ Knobs (environment), for tests/test_elastic_mpi.py:
       rank, and goes on after a reset with every worker
   STOP_AT=<step>:<rank>[:<membership>]  SIGSTOP that rank at that step (it
       stays stopped: a hung worker)
+  MISTAKE_AT=<step>:<kind>  at that step (in every membership) the program
+      makes a mistake on every rank: kind "mismatch" (rank r allreduces
+      r + 3 numbers), "deadlock" (rank r allreduces a tensor named for r)
+      or "refusal" (rank 1 passes a string array): the job must stop, not
+      reset
   LEDGER=1  every rank adds rank + 1 instead of ones, and the state keeps
       the size of each step's membership, so the final line can say what the
       total must be (" ledger <expected total> steps <steps in the ledger>")
@@ -44,6 +49,7 @@ STOPS = points("STOP_AT")
 FAIL_HOST = os.environ.get("FAIL_HOST", "")
 FAIL_AFTER = int(os.environ.get("FAIL_AFTER", "3"))
 LEDGER = os.environ.get("LEDGER") == "1"
+MISTAKE = os.environ["MISTAKE_AT"].split(":") if os.environ.get("MISTAKE_AT") else None
 FAIL_OP = tuple(int(v) for v in os.environ["FAIL_OP_AT"].split(":")) \
     if os.environ.get("FAIL_OP_AT") else None
 
@@ -74,6 +80,17 @@ class FailingOps:
         raise MemoryError("injected: no memory for the fusion buffer")
 
 
+def make_mistake(kind):
+    print(f"mistake ({kind}) on rank {hvd.rank()} at step {state.step} t={time.time():.3f}",
+          flush=True)
+    if kind == "mismatch":
+        hvd.allreduce(np.ones(3 + hvd.rank()), name="mistake")
+    elif kind == "deadlock":
+        hvd.allreduce(np.ones(3), name=f"mistake{hvd.rank()}")
+    elif kind == "refusal":
+        hvd.allreduce(np.array(["x"]) if hvd.rank() == 1 else np.ones(1), name="mistake")
+
+
 def die(why):
     print(f"killing rank {hvd.rank()} ({why}) t={time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -98,6 +115,8 @@ def train(state):
                   flush=True)
             bg = runtime.current().background
             bg.ops = FailingOps(bg.ops)
+        if MISTAKE and state.step == int(MISTAKE[0]):
+            make_mistake(MISTAKE[1])
         mine = np.full(4, hvd.rank() + 1.0) if LEDGER else np.ones(4)
         got = hvd.allreduce(mine, op=hvd.Sum, name="g")
         state.total = state.total + got
@@ -111,7 +130,12 @@ def train(state):
             state.commit()
 
 
-train(state)
+try:
+    train(state)
+except Exception as exc:
+    print(f"rank {hvd.rank()} raised {type(exc).__name__}: {exc} "
+          f"notes {getattr(exc, '__notes__', [])} t={time.time():.3f}", flush=True)
+    raise
 ledger = (f" ledger {sum(n * (n + 1) / 2 for n in state.ledger)} steps {len(state.ledger)}"
           if LEDGER else "")
 print(f"done rank {hvd.rank()} size {hvd.size()} step {state.step} total {state.total[0]}"
