@@ -343,10 +343,24 @@ def _chain_excepthook():
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        _state["uncaught"] = exc_type.__name__
+        _state["uncaught"] = _exception_text(exc_type, exc)
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+# How much of an uncaught exception's message the other ranks are told.
+UNCAUGHT_TEXT = 300
+
+
+def _exception_text(exc_type, exc):
+    """`ValueError: <its message>`, the message cut at UNCAUGHT_TEXT: what
+    the other ranks' failed operations say this rank left with."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > UNCAUGHT_TEXT or len(text) > 1:
+        first = first[:UNCAUGHT_TEXT] + " ..."
+    return f"{exc_type.__name__}: {first}" if first else exc_type.__name__
 
 
 def _at_exit():

@@ -642,6 +642,37 @@ def test_failures_a_reset_can_repair_still_reset_an_elastic_job(monkeypatch, err
     assert resets == [1]
 
 
+def test_the_same_failure_at_the_same_commit_three_times_stops_an_elastic_job(monkeypatch):
+    """Resets that do not repair a failure (a rank's backend fails the same
+    operation in every membership) stop on the third attempt; a commit
+    between two failures, or a lost rank, starts the count again."""
+    monkeypatch.setattr(membership, "current", lambda: FakeMembership())
+    s = state.ObjectState(bcast_object=identity, get_rank=lambda: 0, step=0)
+    script = iter([("fail", "rank 1: allreduce of tensor 'g' failed after 1.5 s"),
+                   ("commit", None),
+                   ("fail", "rank 2: allreduce of tensor 'g' failed after 0.7 s"),
+                   ("lost", None),
+                   ("fail", "rank 2: allreduce of tensor 'g' failed after 0.2 s"),
+                   ("fail", "rank 1: allreduce of tensor 'g' failed after 3.1 s"),
+                   ("fail", "rank 1: allreduce of tensor 'g' failed after 1.0 s")])
+    resets = []
+
+    def train(s):
+        for what, text in script:
+            if what == "commit":
+                s.commit()
+            elif what == "lost":
+                raise RankFailedError("rank 2 (pid 77 on a) died")
+            else:
+                raise HorovodInternalError(text)
+        return "done"
+
+    with pytest.raises(HorovodInternalError, match="after 1.0 s") as raised:
+        loop.run_fn(train, lambda: resets.append(1))(s)
+    assert len(resets) == 5
+    assert any("came back on 3 attempts in a row" in note for note in raised.value.__notes__)
+
+
 class EndedDriver:
     """What launch._status reads of a driver after the job ended."""
 

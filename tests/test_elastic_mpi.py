@@ -114,6 +114,17 @@ def recovery_seconds(out):
     return min(after) - killed
 
 
+def outcomes(folder, error):
+    """{rank: (exception type, text)} from the lines elastic_numpy.py's
+    ranks wrote to `folder` (OUTCOMES) as they raised `error` (a regex)."""
+    found = {}
+    for path in folder.glob("rank*"):
+        m = re.match(rf"rank (\d) raised ({error}): (.*)$", path.read_text().strip(), re.DOTALL)
+        if m:
+            found[m.group(1)] = (m.group(2), m.group(3))
+    return found
+
+
 def check_lost_worker(rc, out, err):
     assert rc == 0, err[-3000:]
     assert "driver: lost the worker on" in err and "membership 1: 2 kept" in err
@@ -262,31 +273,75 @@ def test_a_rank_that_fails_its_part_of_a_collective_resets_the_job_with_every_wo
     assert sorted(done) == [("0", "90.0"), ("1", "90.0"), ("2", "90.0")], out[-2000:]
 
 
+def test_a_failure_no_reset_repairs_stops_the_job_after_three_attempts(tmp_path):
+    """Rank 1's backend fails the same operation in every membership: the
+    first two failures reset the job (it might have been passing), the
+    third, met again at the same commit, stops it on every rank, saying
+    why. Horovod reset for ever, unless --reset-limit said otherwise (so did
+    this project, about 20 times a second here)."""
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--host-discovery-script", script],
+                            "elastic_numpy.py", timeout=120,
+                            env={"FAIL_OP_AT": "10:1", "FAIL_OP_ALWAYS": "1", "STEPS": "30",
+                                 "OUTCOMES": str(tmp_path)})
+    assert rc != 0
+    resets = re.findall(r"^reset: rank (\d) of 3", out, re.MULTILINE)
+    # Two resets; three when the first attempt's failure hit another of rank
+    # 1's operations (the commit's check of hosts), whose text differs.
+    per_rank = {resets.count(rank) for rank in "012"}
+    assert per_rank in ({2}, {3}), out[-3000:] + err[-3000:]
+    raised = outcomes(tmp_path, "HorovodInternalError")
+    assert sorted(raised) == ["0", "1", "2"], out[-3000:] + err[-3000:]
+    for _, text in raised.values():
+        assert "failed: MemoryError: injected" in text, text
+        assert "this failure came back on 3 attempts in a row, with no commit" in text, text
+
+
 @pytest.mark.parametrize("kind, error, says", [
     ("mismatch", "TensorMismatchError", "Mismatched shape for allreduce of tensor 'mistake'"),
     ("deadlock", "DeadlockError", "Deadlocked allreduce of tensor 'mistake"),
-    ("refusal", "InvalidOperationError|ValueError", "rejected allreduce of tensor 'mistake'|"),
 ])
 def test_the_programs_own_mistake_stops_an_elastic_job_on_every_rank(tmp_path, kind, error,
                                                                       says):
-    """Mismatched tensors, refused input and ranks waiting on each other
-    happen again after any reset (Horovod's job reset on a mismatch about 70
+    """Mismatched tensors and ranks waiting on each other (like input a
+    rank refuses) happen again after any reset (Horovod's job reset on a mismatch about 70
     times a second, for ever): every rank raises the error out of
     elastic.run, saying why it did not reset, and coordrun fails."""
     script, _ = discovery(tmp_path, HOSTS)
     rc, out, err = coordrun(["-np", "3", "--min-np", "2", "--host-discovery-script", script],
                             "elastic_numpy.py", timeout=120,
                             env={"MISTAKE_AT": f"7:{kind}", "STEPS": "30",
-                                 "COORDINATOR_DEADLOCK_SECONDS": "2"})
+                                 "COORDINATOR_DEADLOCK_SECONDS": "2",
+                                 "OUTCOMES": str(tmp_path)})
     assert rc != 0
     assert "reset:" not in out, out[-3000:]
-    raised = {rank: (kind, text) for rank, kind, text in
-              re.findall(rf"^rank (\d) raised ({error}): (.*)$", out, re.MULTILINE)}
+    raised = outcomes(tmp_path, error)
     assert sorted(raised) == ["0", "1", "2"], out[-3000:] + err[-3000:]
-    for kind, text in raised.values():
+    for _, text in raised.values():
         assert re.search(says, text), text
-        if kind != "ValueError":  # the refusing rank's own error is no collective's
-            assert "did not reset the job for this error" in text, text
+        assert "did not reset the job for this error" in text, text
+
+
+def test_a_worker_whose_training_raises_leaves_and_the_others_finish_without_it(tmp_path):
+    """Rank 1's own code raises: it leaves the job (its host blacklisted, as
+    in Horovod) and the others, told why, re-form without it within
+    seconds and finish. It used to hang for good: its MPI_Finalize waited
+    for the others, who waited for it in MPI_Comm_shrink; and ending
+    without finalizing was seen only by ULFM's detector, 30 s later."""
+    script, _ = discovery(tmp_path, HOSTS)
+    rc, out, err = coordrun(["-np", "3", "--min-np", "2", "--host-discovery-script", script],
+                            "elastic_numpy.py", timeout=120,
+                            env={"RAISE_AT": "12:1", "STEPS": "30", "LEDGER": "1"})
+    assert rc == 0, out[-3000:] + err[-3000:]
+    assert "RuntimeError: a bug in rank 1's training at step 12" in err, err[-3000:]
+    assert "membership 1: 2 kept" in err, err[-3000:]
+    done = re.findall(r"^done rank (\d) size 2 step 30 total (\S+) ledger (\S+) steps 30$",
+                      out, re.MULTILINE)
+    assert sorted(rank for rank, _, _ in done) == ["0", "1"], out[-3000:]
+    assert all(total == ledger for _, total, ledger in done), done
+    raised = float(re.search(r"^reset: rank 0 of 2 .*t=([\d.]+)", out, re.MULTILINE).group(1))
+    last_old = max(t for t, size in steps(out) if size == 3)
+    assert raised - last_old < 10, (raised, last_old)
 
 
 def test_the_job_stops_after_reset_limit_resets(tmp_path):

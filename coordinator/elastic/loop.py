@@ -16,6 +16,12 @@ down, re-form the membership, initialise again), syncs the state from the
 new rank 0 (unless only hosts were removed and no worker joined), calls the
 reset callbacks and calls the function again.
 
+A failure that comes back the same (its text, numbers aside) on
+SAME_FAILURE_LIMIT attempts in a row, with no commit between them, is not
+being repaired by the resets either (a rank whose backend fails the same
+operation every time): it propagates, unless it is a lost rank, which every
+reset does repair. Horovod resets for ever, unless --reset-limit says.
+
 Outside an elastic job (no coordrun --min-np/--host-discovery-script) a
 failure cannot be repaired: the error propagates. Nor can the program's own
 mistakes (`errors.repairable`: mismatched tensors, input an operation cannot
@@ -26,16 +32,41 @@ for ever.
 """
 
 import functools
+import re
 
 from coordinator import runtime
 from coordinator.elastic import membership, worker
 from coordinator.elastic.state import HostsUpdatedInterrupt
-from coordinator.errors import HorovodInternalError, repairable
+from coordinator.errors import HorovodInternalError, RankFailedError, ShutdownError, repairable
 
 notification_manager = worker.notification_manager
 
 NOT_RETRIED = ("elastic.run did not reset the job for this error: it is the program's "
                "own, and the restored program would meet it again")
+
+# Attempts that meet the same failure, with no commit between, before run()
+# lets it propagate.
+SAME_FAILURE_LIMIT = 3
+
+
+class _Repeats:
+    """The run of attempts that met the same failure at the same commit."""
+
+    def __init__(self):
+        self.key, self.count = None, 0
+
+    def hopeless(self, error, state):
+        """Counts `error`; True once SAME_FAILURE_LIMIT attempts in a row met
+        it at the same commit. A lost rank (or one that left) never is: the
+        reset takes it out of the job."""
+        if isinstance(error, (RankFailedError, ShutdownError)):
+            self.key, self.count = None, 0
+            return False
+        key = (type(error), re.sub(r"\d+(?:\.\d+)?", "#", str(error)),
+               getattr(state, "commits", 0))
+        self.count = self.count + 1 if key == self.key else 1
+        self.key = key
+        return self.count >= SAME_FAILURE_LIMIT
 
 
 def make_reset(shutdown, init):
@@ -71,6 +102,7 @@ def run_fn(func, reset):
         notification_manager.register_listener(state)
         elastic = membership.current() is not None
         skip_sync = False
+        repeats = _Repeats()
         try:
             while True:
                 try:
@@ -86,6 +118,11 @@ def run_fn(func, reset):
                         raise
                     if not repairable(e):
                         e.add_note(NOT_RETRIED)
+                        raise
+                    if repeats.hopeless(e, state):
+                        e.add_note(f"elastic.run stopped resetting the job: this failure came "
+                                   f"back on {repeats.count} attempts in a row, with no commit "
+                                   "between them")
                         raise
                     state.restore()
                     skip_sync = False

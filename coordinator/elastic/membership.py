@@ -22,6 +22,7 @@ Each membership is a generation the driver numbers; rank 0 asks the driver
 import atexit
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -225,15 +226,26 @@ class Membership:
         wait for good, as it did here (in 1 run of several) for a worker that
         had left without finalizing; nothing is left to exchange, and under
         ULFM mpirun takes a rank that leaves without finalizing as one that
-        finished."""
+        finished.
+
+        After an uncaught exception the others may go on without this worker:
+        they re-form in MPI_Comm_shrink, which waits for every living
+        process, while MPI_Finalize here waited for them, and the job hung
+        for good (one rank's ValueError, 2026-11-29). Ending without it is
+        not enough: Open MPI saw such an exit only through ULFM's heartbeat
+        detector, 30 s later, where a process killed by a signal is known
+        failed at once. So this worker, its failure reported to the driver,
+        ends by SIGKILL."""
         if self.agent is None:
             return
         uncaught = getattr(sys, "last_type", None) is not None or _uncaught[0]
         self.agent.finish(1 if uncaught else 0)
         self.agent.stop()
-        if self.failures or self.departures:
+        if self.failures or self.departures or uncaught:
             sys.stdout.flush()
             sys.stderr.flush()
+            if uncaught:
+                os.kill(os.getpid(), signal.SIGKILL)
             os._exit(1 if uncaught else 0)
 
 

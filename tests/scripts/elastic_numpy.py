@@ -11,13 +11,17 @@ Knobs (environment), for tests/test_elastic_mpi.py:
   FAIL_OP_AT=<step>:<rank>  that rank's backend raises as it runs its next
       operation from that step on (in membership 0): the job fails on every
       rank, and goes on after a reset with every worker
+  FAIL_OP_ALWAYS=1  ... in every membership: the resets do not repair it
   STOP_AT=<step>:<rank>[:<membership>]  SIGSTOP that rank at that step (it
       stays stopped: a hung worker)
   MISTAKE_AT=<step>:<kind>  at that step (in every membership) the program
       makes a mistake on every rank: kind "mismatch" (rank r allreduces
-      r + 3 numbers), "deadlock" (rank r allreduces a tensor named for r)
-      or "refusal" (rank 1 passes a string array): the job must stop, not
-      reset
+      r + 3 numbers) or "deadlock" (rank r allreduces a tensor named for r):
+      the job must stop, not reset
+  RAISE_AT=<step>:<rank>  that rank's training raises a RuntimeError at that
+      step (in membership 0): it leaves, the others go on without it
+  OUTCOMES=<dir>  a rank that raises out of training writes its "raised"
+      line to <dir>/rank<r> too
   LEDGER=1  every rank adds rank + 1 instead of ones, and the state keeps
       the size of each step's membership, so the final line can say what the
       total must be (" ledger <expected total> steps <steps in the ledger>")
@@ -49,6 +53,10 @@ STOPS = points("STOP_AT")
 FAIL_HOST = os.environ.get("FAIL_HOST", "")
 FAIL_AFTER = int(os.environ.get("FAIL_AFTER", "3"))
 LEDGER = os.environ.get("LEDGER") == "1"
+RAISES = tuple(int(v) for v in os.environ["RAISE_AT"].split(":")) \
+    if os.environ.get("RAISE_AT") else None
+OUTCOMES = os.environ.get("OUTCOMES", "")
+FAIL_OP_ALWAYS = os.environ.get("FAIL_OP_ALWAYS") == "1"
 MISTAKE = os.environ["MISTAKE_AT"].split(":") if os.environ.get("MISTAKE_AT") else None
 FAIL_OP = tuple(int(v) for v in os.environ["FAIL_OP_AT"].split(":")) \
     if os.environ.get("FAIL_OP_AT") else None
@@ -87,8 +95,6 @@ def make_mistake(kind):
         hvd.allreduce(np.ones(3 + hvd.rank()), name="mistake")
     elif kind == "deadlock":
         hvd.allreduce(np.ones(3), name=f"mistake{hvd.rank()}")
-    elif kind == "refusal":
-        hvd.allreduce(np.array(["x"]) if hvd.rank() == 1 else np.ones(1), name="mistake")
 
 
 def die(why):
@@ -110,11 +116,14 @@ def train(state):
             os.kill(os.getpid(), signal.SIGSTOP)
         if host == FAIL_HOST and state.step - started >= FAIL_AFTER:
             die(f"on failing host {host}")
-        if FAIL_OP and (state.step, hvd.rank(), me.generation) == (*FAIL_OP, 0):
+        if FAIL_OP and (state.step, hvd.rank()) == FAIL_OP and (
+                FAIL_OP_ALWAYS or me.generation == 0):
             print(f"failing the next operation of rank {hvd.rank()} at step {state.step}",
                   flush=True)
             bg = runtime.current().background
             bg.ops = FailingOps(bg.ops)
+        if RAISES and now == (*RAISES, 0):
+            raise RuntimeError(f"a bug in rank {hvd.rank()}'s training at step {state.step}")
         if MISTAKE and state.step == int(MISTAKE[0]):
             make_mistake(MISTAKE[1])
         mine = np.full(4, hvd.rank() + 1.0) if LEDGER else np.ones(4)
@@ -133,8 +142,12 @@ def train(state):
 try:
     train(state)
 except Exception as exc:
-    print(f"rank {hvd.rank()} raised {type(exc).__name__}: {exc} "
-          f"notes {getattr(exc, '__notes__', [])} t={time.time():.3f}", flush=True)
+    line = (f"rank {hvd.rank()} raised {type(exc).__name__}: {exc} "
+            f"notes {getattr(exc, '__notes__', [])} t={time.time():.3f}")
+    print(line, flush=True)
+    if OUTCOMES:  # stdout may be cut short as the launcher ends the job
+        with open(os.path.join(OUTCOMES, f"rank{hvd.rank()}"), "w") as f:
+            f.write(line + "\n")
     raise
 ledger = (f" ledger {sum(n * (n + 1) / 2 for n in state.ledger)} steps {len(state.ledger)}"
           if LEDGER else "")
