@@ -36,7 +36,8 @@ from coordinator import dtypes
 from coordinator.control_channel import (TAG_REQUEST, TAG_RESPONSE, TAG_ROUND,
                                          TAG_ROUND_RESPONSE, peer_failure)
 from coordinator.controller import CACHEABLE, Controller
-from coordinator.errors import (DeadlockError, HorovodInternalError, InvalidOperationError,
+from coordinator.errors import (FINISHED_MARK, DeadlockError, HorovodInternalError,
+                                InvalidOperationError,
                                 RankFailedError, ShutdownError, StallError,
                                 TensorMismatchError)
 from coordinator.executor import Executor, Operation
@@ -316,9 +317,11 @@ class Background:
                                        warmup_samples=self.config.autotune_warmup_samples)
         self._shutdown_wanted = False
         self._shutdown_why = ""
+        self._shutdown_finished = False
         self._shutdown_sent = False
         self._shutdown_asked_at = None
         self._final = None  # (Ibarrier request, deadline, reason) once shutting down
+        self._final_finished = False  # ... asked by a rank whose program is done
         self._final_grace = None  # once every rank is shutting down: when to give up
         self.stopping = False  # shutting down: no new work is taken
         self.finished = False
@@ -335,8 +338,10 @@ class Background:
     def start(self):
         self.thread.start()
 
-    def request_shutdown(self, why=""):
+    def request_shutdown(self, why="", finished=False):
+        """`finished`: this rank's program is done (runtime.stop)."""
         self._shutdown_why = why
+        self._shutdown_finished = finished
         self._shutdown_wanted = True
         self.queue.wakeup.set()
 
@@ -1073,7 +1078,7 @@ class Background:
         worked = False
         if self._shutdown_wanted and not self._shutdown_sent:
             self._shutdown_sent = True
-            ctl.request_shutdown(0, self._shutdown_why)
+            ctl.request_shutdown(0, self._shutdown_why, self._shutdown_finished)
         for source, payload in self.channel.receive(TAG_REQUEST):
             msg = pb.RequestList()
             msg.ParseFromString(payload)
@@ -1088,7 +1093,7 @@ class Background:
                 self._fail_everywhere(reason, msg.shutdown_kind)
                 return True
             if msg.shutdown:
-                ctl.request_shutdown(source, msg.shutdown_reason)
+                ctl.request_shutdown(source, msg.shutdown_reason, msg.finished)
             if msg.report:
                 self.watchdog.report(
                     source, [(f.process_set_id, f.name, f.op, f.seconds, f.device, f.seq,
@@ -1115,10 +1120,12 @@ class Background:
             # `round`: how many rounds rank 0 answered; a worker waiting on a
             # later one stops waiting.
             payload = pb.ResponseList(shutdown=True, shutdown_reason=reason,
-                                      round=self._answered).SerializeToString()
+                                      round=self._answered,
+                                      shutdown_finished=ctl.shutdown_finished
+                                      ).SerializeToString()
             for rank in range(1, self.size):
                 self.channel.send(rank, TAG_RESPONSE, payload)
-            self._begin_final(reason)
+            self._begin_final(reason, ctl.shutdown_finished)
             return True
         return worked
 
@@ -1186,7 +1193,7 @@ class Background:
                     self._woken = True  # rank 0 posted a cycle this rank has not
             if msg.shutdown:
                 self._answered = msg.round
-                self._begin_final(msg.shutdown_reason)
+                self._begin_final(msg.shutdown_reason, msg.shutdown_finished)
                 return True
             if msg.resend:
                 self._resend_ids(msg.resend)
@@ -1209,7 +1216,8 @@ class Background:
     def _ask_shutdown(self):
         self._shutdown_sent = True
         self._shutdown_asked_at = time.monotonic()
-        msg = pb.RequestList(shutdown=True, shutdown_reason=self._shutdown_why)
+        msg = pb.RequestList(shutdown=True, shutdown_reason=self._shutdown_why,
+                             finished=self._shutdown_finished)
         self.channel.send(0, TAG_REQUEST, msg.SerializeToString())
 
     # ----------------------------------------------------------- watchdog
@@ -1593,7 +1601,9 @@ class Background:
                 self._done(e, error=err)
 
     # ------------------------------------------------------------ shutdown
-    def _begin_final(self, reason):
+    def _begin_final(self, reason, finished=False):
+        """Shuts down for `reason`; `finished`: the rank that asked did so
+        because its program is done (ShutdownError.peer_finished)."""
         self.stopping = True
         # A round rank 0 has answered is still run here: its answer is on
         # the way (rank 0 may have finished, say, a barrier and shut down
@@ -1613,7 +1623,10 @@ class Background:
         # others take their results from it (and may be done and shutting
         # down already), so they complete here too.
         keep |= {id(e) for e in self._riding.values()}
-        self.queue.close_and_fail(lambda e: ShutdownError(
+        self._final_finished = finished
+        if finished:
+            reason = f"{reason}; {FINISHED_MARK}"
+        self.queue.close_and_fail(lambda e: self._shutdown_error(
             f"{e.describe()}: the coordinator has shut down ({reason})"), keep=keep)
         request = self.channel.barrier()
         self._final = (request, time.monotonic() + SHUTDOWN_TIMEOUT, reason)
@@ -1643,14 +1656,14 @@ class Background:
         settled = not self.executor and self.round is None and not self._riding
         if self._final_grace is not None and (settled or now > self._final_grace):
             for op in self.executor.abandon():
-                self._failed(op.response, op.entries, ShutdownError(
+                self._failed(op.response, op.entries, self._shutdown_error(
                     f"the coordinator shut down ({reason}) before it completed"))
             self._finish_final(reason)
         elif now > deadline:
             log.warning("rank %d: not every rank confirmed shutdown within %.0f s",
                         self.rank, SHUTDOWN_TIMEOUT)
             for op in self.executor.abandon():
-                self._failed(op.response, op.entries, ShutdownError(
+                self._failed(op.response, op.entries, self._shutdown_error(
                     f"the coordinator shut down ({reason}) before it completed"))
             self._finish_final(reason)
         return drained
@@ -1672,9 +1685,16 @@ class Background:
 
     def _finish_final(self, reason):
         self.channel.cancel_sends()
-        self.queue.fail_remaining(lambda e: ShutdownError(
+        self.queue.fail_remaining(lambda e: self._shutdown_error(
             f"{e.describe()}: the coordinator has shut down ({reason})"))
         self.finished = True
+
+    def _shutdown_error(self, text):
+        """A ShutdownError of this shutdown: `peer_finished` when the rank
+        that asked for it did so because its program is done."""
+        error = ShutdownError(text)
+        error.peer_finished = self._final_finished
+        return error
 
     # ------------------------------------------------------------ liveness
     def _check_liveness(self):

@@ -241,6 +241,7 @@ class Controller:
         self._plans = []
         self._resend = {}  # rank -> [cache ids to send in full]
         self.shutdown_reason = ""
+        self.shutdown_finished = False
 
     # ------------------------------------------------------------------ input
     def register_process_set(self, process_set_id, ranks):
@@ -263,11 +264,14 @@ class Controller:
             self._reading = None
             self._batch_failed.clear()
         if request_list.shutdown:
-            self.request_shutdown(rank, request_list.shutdown_reason)
+            self.request_shutdown(rank, request_list.shutdown_reason, request_list.finished)
 
-    def request_shutdown(self, rank, why=""):
+    def request_shutdown(self, rank, why="", finished=False):
+        """`rank` shuts down for `why`; `finished`: its program is done. The
+        first request is the job's."""
         if not self.shutdown_reason:
             self.shutdown_reason = f"rank {rank} {why or 'called shutdown()'}"
+            self.shutdown_finished = finished
 
     def submit_request(self, rank, req, submit_time=0.0, cache_id=0):
         if req.op == pb.JOIN:

@@ -41,6 +41,15 @@ class RankFailedError(HorovodInternalError):
 class ShutdownError(HorovodInternalError):
     """The coordinator shut down before the operation could run."""
 
+    # True when another rank shut it down because its program was done (it
+    # called shutdown() or reached its end), not failing nor re-forming. Its
+    # text then says FINISHED_MARK (read where only the text travels: a
+    # TensorFlow error raised inside a tf.function).
+    peer_finished = False
+
+
+FINISHED_MARK = "its program is done"
+
 
 class NotInitializedError(HorovodInternalError, ValueError):
     """An operation was called before `init()` or after `shutdown()`.
@@ -53,8 +62,26 @@ class NotInitializedError(HorovodInternalError, ValueError):
 PROGRAM_ERRORS = (TensorMismatchError, InvalidOperationError, DeadlockError)
 
 
+def finished_peer(exc):
+    """Whether `exc` (or an exception it was raised from) is a ShutdownError
+    of a rank whose program finished (ShutdownError.peer_finished)."""
+    while exc is not None:
+        if getattr(exc, "peer_finished", False) or FINISHED_MARK in _text(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _text(exc):
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ says nothing
+        return ""
+
+
 def repairable(exc):
     """Whether re-forming the job (an elastic reset) can get past `exc`, a
     failed collective: a lost or stopped rank, a failed backend, yes; the
-    program's own mistakes, no."""
-    return not isinstance(exc, PROGRAM_ERRORS)
+    program's own mistakes, and a rank whose program finished while the
+    others were still in theirs (no reset brings it back), no."""
+    return not (isinstance(exc, PROGRAM_ERRORS) or finished_peer(exc))

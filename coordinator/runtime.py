@@ -8,6 +8,7 @@ using several frameworks still runs one background thread.
 """
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
@@ -29,7 +30,7 @@ log = logging.getLogger("coordinator")
 
 _lock = threading.RLock()
 _runtime = None
-_state = {"shut_down": False, "atexit": False, "uncaught": None,
+_state = {"shut_down": False, "atexit": False, "uncaught": None, "resetting": False,
           "mpi_defaults": False}  # whether MPI was given _mpi_defaults before it started
 
 
@@ -185,12 +186,12 @@ class Runtime:
             raise self.fatal_error
 
     # ------------------------------------------------------------ shutdown
-    def shutdown(self, why=""):
+    def shutdown(self, why="", finished=False):
         from coordinator.background import SHUTDOWN_TIMEOUT
 
         bg = self.background
         if bg.thread.is_alive():
-            bg.request_shutdown(why)
+            bg.request_shutdown(why, finished)
             bg.thread.join(SHUTDOWN_TIMEOUT + 5)
         if not bg.thread.is_alive():
             bg.cycle.close()
@@ -325,8 +326,16 @@ def start(comm=None, process_sets=None, config=None):
         return _runtime
 
 
-def stop(why=""):
+def stop(why="", finished=None):
+    """Shuts the coordinator down, telling the other ranks `why` (this rank
+    "called shutdown()" when empty). `finished`: whether this rank's program
+    is done (default: it is, unless it is leaving after an error, `why`, or
+    re-forming an elastic job); the others then cannot re-form without it."""
     global _runtime
+    if finished is None:
+        finished = not why and not _state["resetting"]
+    if not why and _state["resetting"]:
+        why = "is re-forming the elastic job"
     with _lock:
         rt = _runtime
         if rt is None:
@@ -334,7 +343,18 @@ def stop(why=""):
         _runtime = None
         _state["shut_down"] = True
         global_process_set._unbind()
-    rt.shutdown(why)
+    rt.shutdown(why, finished)
+
+
+@contextlib.contextmanager
+def resetting():
+    """Inside: shutdowns re-form an elastic job (its reset), and tell the
+    other ranks so."""
+    _state["resetting"] = True
+    try:
+        yield
+    finally:
+        _state["resetting"] = False
 
 
 def _chain_excepthook():

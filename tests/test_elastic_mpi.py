@@ -322,6 +322,26 @@ def test_the_programs_own_mistake_stops_an_elastic_job_on_every_rank(tmp_path, k
         assert "did not reset the job for this error" in text, text
 
 
+def test_a_worker_whose_training_returns_early_stops_the_job_on_every_rank(tmp_path):
+    """Rank 1's training function returns while the others are still in
+    theirs (its data ran out): no reset brings it back, so, as in Horovod, a
+    worker that finishes ends the job; the others raise, saying so. It used
+    to hang for good: rank 1 waited in MPI_Finalize for the others, who
+    waited for it in MPI_Comm_shrink."""
+    script, _ = discovery(tmp_path, HOSTS)
+    started = time.monotonic()
+    rc, out, err = coordrun(["-np", "3", "--min-np", "2", "--host-discovery-script", script],
+                            "elastic_numpy.py", timeout=120,
+                            env={"FINISH_AT": "12:1", "STEPS": "30", "OUTCOMES": str(tmp_path)})
+    assert rc != 0 and time.monotonic() - started < 60
+    assert "rank 1 returns early at step 12" in out and "reset:" not in out, out[-3000:]
+    raised = outcomes(tmp_path, "ShutdownError")
+    assert sorted(raised) == ["0", "2"], out[-3000:] + err[-3000:]
+    for _, text in raised.values():
+        assert "(rank 1 called shutdown(); its program is done)" in text, text
+        assert "a worker that finishes ends the job" in text, text
+
+
 def test_a_worker_whose_training_raises_leaves_and_the_others_finish_without_it(tmp_path):
     """Rank 1's own code raises: it leaves the job (its host blacklisted, as
     in Horovod) and the others, told why, re-form without it within

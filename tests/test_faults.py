@@ -135,7 +135,7 @@ def test_shutdown_beside_a_stopped_rank_returns_after_its_deadline(np_, victim):
         assert f"rank {rank}: {gave_up}" in out, out
     (line,) = _lines(out, f"RANK {victim}: ShutdownError")
     assert "allreduce of tensor 'grad': the coordinator has shut down (rank " in line, line
-    assert "called shutdown())" in line, line
+    assert "called shutdown(); its program is done)" in line, line
 
 
 # Stall checks off: the error must not depend on the watchdog or a timeout.

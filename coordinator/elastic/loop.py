@@ -37,12 +37,23 @@ import re
 from coordinator import runtime
 from coordinator.elastic import membership, worker
 from coordinator.elastic.state import HostsUpdatedInterrupt
-from coordinator.errors import HorovodInternalError, RankFailedError, ShutdownError, repairable
+from coordinator.errors import (HorovodInternalError, RankFailedError, ShutdownError,
+                                finished_peer, repairable)
 
 notification_manager = worker.notification_manager
 
 NOT_RETRIED = ("elastic.run did not reset the job for this error: it is the program's "
                "own, and the restored program would meet it again")
+
+PEER_FINISHED = ("elastic.run did not reset the job for this error: another rank's program "
+                 "finished (it called shutdown() or reached its end) while this one was still "
+                 "in its elastic function, and no reset brings it back; as in Horovod, a "
+                 "worker that finishes ends the job")
+
+def not_retried(exc):
+    """The note on an error run() raises without a reset (not repairable)."""
+    return PEER_FINISHED if finished_peer(exc) else NOT_RETRIED
+
 
 # Attempts that meet the same failure, with no commit between, before run()
 # lets it propagate.
@@ -86,7 +97,8 @@ def make_reset(shutdown, init):
         rt = runtime.current()
         sets_used = rt is not None and (getattr(rt, "dynamic_process_sets", False)
                                         or len(rt.process_sets.all()) > 1)
-        shutdown()
+        with runtime.resetting():
+            shutdown()
         membership.current().reform()
         init()
         if sets_used:
@@ -117,7 +129,7 @@ def run_fn(func, reset):
                     if not elastic:
                         raise
                     if not repairable(e):
-                        e.add_note(NOT_RETRIED)
+                        e.add_note(not_retried(e))
                         raise
                     if repeats.hopeless(e, state):
                         e.add_note(f"elastic.run stopped resetting the job: this failure came "

@@ -28,7 +28,7 @@ import threading
 import time
 
 from coordinator.elastic import worker
-from coordinator.errors import HorovodInternalError
+from coordinator.errors import HorovodInternalError, finished_peer
 from coordinator.launcher_watch import EXIT_WITH_LAUNCHER
 
 log = logging.getLogger("coordinator.elastic")
@@ -238,25 +238,28 @@ class Membership:
         ends by SIGKILL."""
         if self.agent is None:
             return
-        uncaught = getattr(sys, "last_type", None) is not None or _uncaught[0]
+        uncaught = getattr(sys, "last_type", None) is not None or _uncaught[0] is not None
         self.agent.finish(1 if uncaught else 0)
         self.agent.stop()
-        if self.failures or self.departures or uncaught:
+        # Unless what it raised says that another rank finished: that one
+        # waits in MPI_Finalize for this one, and nobody re-forms.
+        leaving = uncaught and not finished_peer(_uncaught[0] or getattr(sys, "last_value", None))
+        if self.failures or self.departures or leaving:
             sys.stdout.flush()
             sys.stderr.flush()
-            if uncaught:
+            if leaving:
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(1 if uncaught else 0)
 
 
-_uncaught = [False]
+_uncaught = [None]  # the exception that ended the program, if one did
 
 
 def _chain_excepthook():
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        _uncaught[0] = True
+        _uncaught[0] = exc if exc is not None else RuntimeError(exc_type.__name__)
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

@@ -18,6 +18,8 @@ Knobs (environment), for tests/test_elastic_mpi.py:
       makes a mistake on every rank: kind "mismatch" (rank r allreduces
       r + 3 numbers) or "deadlock" (rank r allreduces a tensor named for r):
       the job must stop, not reset
+  FINISH_AT=<step>:<rank>  that rank's training function returns at that
+      step (in membership 0), as if its data ran out: the job stops
   RAISE_AT=<step>:<rank>  that rank's training raises a RuntimeError at that
       step (in membership 0): it leaves, the others go on without it
   OUTCOMES=<dir>  a rank that raises out of training writes its "raised"
@@ -53,6 +55,8 @@ STOPS = points("STOP_AT")
 FAIL_HOST = os.environ.get("FAIL_HOST", "")
 FAIL_AFTER = int(os.environ.get("FAIL_AFTER", "3"))
 LEDGER = os.environ.get("LEDGER") == "1"
+FINISHES = tuple(int(v) for v in os.environ["FINISH_AT"].split(":")) \
+    if os.environ.get("FINISH_AT") else None
 RAISES = tuple(int(v) for v in os.environ["RAISE_AT"].split(":")) \
     if os.environ.get("RAISE_AT") else None
 OUTCOMES = os.environ.get("OUTCOMES", "")
@@ -122,6 +126,9 @@ def train(state):
                   flush=True)
             bg = runtime.current().background
             bg.ops = FailingOps(bg.ops)
+        if FINISHES and now == (*FINISHES, 0):
+            print(f"rank {hvd.rank()} returns early at step {state.step}", flush=True)
+            return
         if RAISES and now == (*RAISES, 0):
             raise RuntimeError(f"a bug in rank {hvd.rank()}'s training at step {state.step}")
         if MISTAKE and state.step == int(MISTAKE[0]):
