@@ -74,7 +74,7 @@ class _Repeats:
             self.key, self.count = None, 0
             return False
         key = (type(error), re.sub(r"\d+(?:\.\d+)?", "#", str(error)),
-               getattr(state, "commits", 0))
+               getattr(state, "_commits_made", 0))
         self.count = self.count + 1 if key == self.key else 1
         self.key = key
         return self.count >= SAME_FAILURE_LIMIT

@@ -76,7 +76,7 @@ class State:
         self._last_updated_timestamp = 0
         self._pending_check = None  # commit()'s broadcast, read at the next commit
         self._reset_callbacks = []
-        self.commits = 0  # commits made so far (the run loop's measure of progress)
+        self._commits_made = 0  # the run loop's measure of progress
 
     def register_reset_callbacks(self, callbacks):
         """Functions to call after every reset (a worker added or removed),
@@ -104,7 +104,7 @@ class State:
         hosts interrupts the job one commit later than check_host_updates()
         would (at the same commit on every rank)."""
         self.save()
-        self.commits = getattr(self, "commits", 0) + 1
+        self._commits_made = getattr(self, "_commits_made", 0) + 1
         self._check_host_updates(wait=False)
 
     def check_host_updates(self):
