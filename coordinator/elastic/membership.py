@@ -245,6 +245,9 @@ class Membership:
         # waits in MPI_Finalize for this one, and nobody re-forms.
         leaving = uncaught and not finished_peer(_uncaught[0] or getattr(sys, "last_value", None))
         if self.failures or self.departures or leaving:
+            # What runs after this at exit (handlers registered before init())
+            # never will: flush what the logging module holds at least.
+            logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
             if leaving:
