@@ -37,9 +37,8 @@ from coordinator.control_channel import (TAG_REQUEST, TAG_RESPONSE, TAG_ROUND,
                                          TAG_ROUND_RESPONSE, peer_failure)
 from coordinator.controller import CACHEABLE, Controller
 from coordinator.errors import (FINISHED_MARK, DeadlockError, HorovodInternalError,
-                                InvalidOperationError,
-                                RankFailedError, ShutdownError, StallError,
-                                TensorMismatchError)
+                                InvalidOperationError, RankFailedError, ShutdownError,
+                                StallError, TensorMismatchError)
 from coordinator.executor import Executor, Operation
 from coordinator.fusion import copy_scaled
 from coordinator.liveness import describe_dead

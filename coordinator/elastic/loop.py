@@ -50,6 +50,7 @@ PEER_FINISHED = ("elastic.run did not reset the job for this error: another rank
                  "in its elastic function, and no reset brings it back; as in Horovod, a "
                  "worker that finishes ends the job")
 
+
 def not_retried(exc):
     """The note on an error run() raises without a reset (not repairable)."""
     return PEER_FINISHED if finished_peer(exc) else NOT_RETRIED
