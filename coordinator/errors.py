@@ -49,6 +49,10 @@ class ShutdownError(HorovodInternalError):
 
 
 FINISHED_MARK = "its program is done"
+# How that text ends a ShutdownError's reason, "(rank 1 called shutdown(); its
+# program is done)": what is matched, so that an exception of the program's
+# own that happens to use the words is not taken for one.
+FINISHED_TEXT = f"; {FINISHED_MARK})"
 
 
 class NotInitializedError(HorovodInternalError, ValueError):
@@ -66,7 +70,7 @@ def finished_peer(exc):
     """Whether `exc` (or an exception it was raised from) is a ShutdownError
     of a rank whose program finished (ShutdownError.peer_finished)."""
     while exc is not None:
-        if getattr(exc, "peer_finished", False) or FINISHED_MARK in _text(exc):
+        if getattr(exc, "peer_finished", False) or FINISHED_TEXT in _text(exc):
             return True
         exc = exc.__cause__ or exc.__context__
     return False

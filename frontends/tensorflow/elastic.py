@@ -22,7 +22,7 @@ import tensorflow as tf
 from coordinator.elastic import (HostsUpdatedInterrupt, ObjectState, State, membership,
                                  run_fn)
 from coordinator.elastic.loop import make_reset, not_retried
-from coordinator.errors import FINISHED_MARK, PROGRAM_ERRORS, HorovodInternalError, repairable
+from coordinator.errors import FINISHED_TEXT, PROGRAM_ERRORS, HorovodInternalError, repairable
 from frontends.tensorflow.basics import init, rank, shutdown
 from frontends.tensorflow.functions import broadcast_object, broadcast_variables
 
@@ -39,7 +39,7 @@ _CORE_ERROR_MARKS = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast",
 # What marks one of the program's own mistakes in the message of an error
 # raised inside a tf.function, which carries no cause: the class's name, as
 # TensorFlow writes a Python op's exception ("DeadlockError: Deadlocked ...").
-_PROGRAM_ERROR_MARKS = tuple(f"{cls.__name__}: " for cls in PROGRAM_ERRORS) + (FINISHED_MARK,)
+_PROGRAM_ERROR_MARKS = tuple(f"{cls.__name__}: " for cls in PROGRAM_ERRORS) + (FINISHED_TEXT,)
 
 
 def _core_failure(exc):
