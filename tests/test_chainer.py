@@ -71,6 +71,79 @@ def test_chainermn_names_are_all_there():
     assert chainermn.__version__ == "7.8.1"
 
 
+_COMPARE_WITH_CHAINERMN = """
+import types
+import frontends.chainer as ours
+import chainermn
+missing = []
+for sub in ("", "communicators", "datasets", "extensions", "functions", "iterators", "links",
+            "optimizers"):
+    theirs = getattr(chainermn, sub) if sub else chainermn
+    mine = getattr(ours, sub) if sub else ours
+    for name in dir(theirs):
+        value = getattr(theirs, name)
+        if name.startswith("_") or isinstance(value, types.ModuleType):
+            continue  # private, or a submodule (e.g. chainermn.extensions.checkpoint)
+        if getattr(value, "__module__", "chainermn").split(".")[0] != "chainermn":
+            continue  # what ChainerMN imported (e.g. its `warnings`)
+        if not hasattr(mine, name):
+            missing.append(f"{sub}.{name}" if sub else name)
+for name in dir(chainermn.CommunicatorBase):  # the methods a communicator offers
+    if not name.startswith("_") and not hasattr(ours.CommunicatorBase, name):
+        missing.append(f"CommunicatorBase.{name}")
+print("MISSING", missing)
+"""
+
+
+def test_every_public_name_of_the_installed_chainermn_is_there():
+    """Against ChainerMN 7.8.1 itself, in a child process (importing it
+    starts MPI, which this process must not)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("chainermn") is None:
+        pytest.skip("the reference ChainerMN is not installed")
+    out = subprocess.run([sys.executable, "-c", _COMPARE_WITH_CHAINERMN], capture_output=True,
+                         text=True, timeout=120)
+    assert "MISSING" in out.stdout, out.stderr[-2000:]
+    assert out.stdout.split("MISSING", 1)[1].strip() == "[]", out.stdout
+
+
+def test_generic_evaluator_without_a_communicator_aggregates_every_batch():
+    import chainer
+
+    class _Sum3(chainermn.extensions.GenericMultiNodeEvaluator):
+        def aggregate(self, results):
+            return sum(float(r.sum()) for r in results), len(results)
+
+    data = chainer.datasets.TupleDataset(*([np.arange(10, dtype=np.float32)] * 3))
+    it = chainer.iterators.SerialIterator(data, 4, repeat=False, shuffle=False)
+    seen = []
+    evaluator = _Sum3(None, it, lambda a, b, c: a + b + c, progress_hook=seen.append)
+    assert evaluator() == (3 * 45.0, 3)
+    assert evaluator() == (3 * 45.0, 3)  # the iterator is reset
+    assert [len(b) for b in seen] == [4, 4, 2] * 2
+
+
+def test_config_scope_records_a_user_communicators_settings_per_communicator():
+    class Mine(chainermn.CommunicatorBase):
+        def __init__(self, fast):
+            with self.config_scope():
+                assert self.within_config_scope
+                self.fast = fast
+            self.counter = 0  # outside the scope: not a config
+
+    Mine.__abstractmethods__ = frozenset()
+    a, b = Mine(True), Mine(False)
+    assert not a.within_config_scope
+    assert a.fast is True and a.counter == 0
+    assert a.get_config("fast") is True and a.get_config() == {"fast": True}
+    assert b.get_config() == {"fast": False}  # each communicator its own
+    with pytest.raises(ValueError, match="counter"):
+        a.get_config("counter")
+
+
 def test_chainer_environment_check_is_skipped_only_when_it_cannot_run():
     import sys
 

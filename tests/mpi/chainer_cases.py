@@ -535,6 +535,85 @@ def case_multi_node_evaluator_with_different_keys_raises_on_every_rank(hvd):
     assert "only_here" in str(exc)
 
 
+class _Adder(chainer.Chain):
+    def forward(self, a, b, c):
+        return a + b + c
+
+
+def _generic_share(rank, size, length):
+    """ChainerMN's own test data: rank r holds r, r + size, ... below length."""
+    part = list(range(rank, length, size))
+    return chainer.datasets.TupleDataset(part, part, part)
+
+
+def _expected_rounds(size, length, batch):
+    """What the root should get: round k holds each rank's k-th batch result,
+    in rank order, for the ranks that still have one."""
+    shares = [[np.asarray(3 * np.asarray(list(range(r, length, size))[i:i + batch]))
+               for i in range(0, len(range(r, length, size)), batch)] for r in range(size)]
+    out = []
+    for k in range(max(len(s) for s in shares)):
+        out.extend(s[k] for s in shares if k < len(s))
+    return out
+
+
+def case_generic_evaluator_gives_the_root_every_result_in_round_order(hvd):
+    # Shares of different sizes, more and fewer rounds than the check interval.
+    for length, batch in [(97, 7), (9, 77), (200, 3)]:
+        it = chainer.iterators.SerialIterator(_generic_share(COMM.rank, COMM.size, length),
+                                              batch, repeat=False, shuffle=False)
+        evaluator = chainermn.extensions.GenericMultiNodeEvaluator(COMM, it, _Adder())
+        results = evaluator(None)
+        again = evaluator(None)  # the iterator is reset: the same results
+        if COMM.rank != 0:
+            assert results is None and again is None
+            continue
+        expected = _expected_rounds(COMM.size, length, batch)
+        assert len(results) == len(expected), (length, batch, len(results), len(expected))
+        for got, want in zip(results, expected):
+            assert_equal(np.asarray(getattr(got, "array", got)), want, f"{length}/{batch}")
+        assert len(again) == len(results)
+
+
+class _CountingEvaluator(chainermn.extensions.GenericMultiNodeEvaluator):
+    def calc_local(self, a, b, c):
+        return None if COMM.rank == 1 else len(a)  # None is a result too
+
+    def aggregate(self, results):
+        self.aggregated = getattr(self, "aggregated", 0) + 1
+        return results
+
+
+def case_generic_evaluator_keeps_none_results_and_runs_hooks_on_the_root(hvd):
+    root = COMM.size - 1
+    # Rank 0 has no data at all; the others have 2, 3, ... batches of 4.
+    # (Chainer's SerialIterator cannot hold an empty dataset: rank 0 gives a
+    # plain iterator, which the evaluator copies instead of resetting.)
+    length = 4 * (COMM.rank + 1)
+    data = chainer.datasets.TupleDataset(*([np.arange(length, dtype=np.float32)] * 3))
+    it = (iter([]) if COMM.rank == 0 else
+          chainer.iterators.SerialIterator(data, 4, repeat=False, shuffle=False))
+    seen = []
+    evaluator = _CountingEvaluator(COMM, it, None, root=root, progress_hook=seen.append)
+    results = evaluator()
+    if COMM.rank != root:
+        assert results is None and seen == [] and not hasattr(evaluator, "aggregated")
+        return
+    assert evaluator.aggregated == 1
+    assert len(seen) == root + 1  # the root's own batches only
+    expected = []
+    for k in range(COMM.size):
+        expected.extend(None if r == 1 else 4 for r in range(1, COMM.size) if k < r + 1)
+    assert results == expected, (results, expected)
+
+
+def case_generic_evaluator_refuses_a_root_outside_the_communicator(hvd):
+    it = chainer.iterators.SerialIterator([1, 2], 1, repeat=False)
+    exc = expect_raises(ValueError, chainermn.extensions.GenericMultiNodeEvaluator,
+                        COMM, it, None, root=COMM.size)
+    assert f"root {COMM.size}" in str(exc)
+
+
 # ------------------------------------------------------------- checkpointer
 def case_checkpointer_keeps_newest_and_resumes_from_newest_common(hvd):
     path = COMM.bcast_obj(tempfile.mkdtemp(prefix="chainer-ckpt-") if COMM.rank == 0 else None)

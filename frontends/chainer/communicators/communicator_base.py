@@ -7,6 +7,7 @@ parameters. Code written against this class runs with any communicator.
 """
 
 import abc
+import contextlib
 import warnings
 
 
@@ -133,7 +134,37 @@ class CommunicatorBase(abc.ABC):
         raise ValueError(f"unknown communicator config {name!r}")
 
     def get_config(self, name=None):
-        raise ValueError(f"unknown communicator config {name!r}")
+        """The configs recorded by `config_scope` ({} when none): all of
+        them as a dict when `name` is None."""
+        configs = self.__dict__.get("_configs", {})
+        if name is None:
+            return dict(configs)
+        if name not in configs:
+            raise ValueError(f"unknown communicator config {name!r}")
+        return configs[name]
+
+    @property
+    def within_config_scope(self):
+        """True inside `with self.config_scope():`."""
+        return self.__dict__.get("_within_config_scope", False)
+
+    @contextlib.contextmanager
+    def config_scope(self):
+        """For communicators written on this class, as in ChainerMN: every
+        attribute set inside `with self.config_scope():` is also recorded as
+        a config that `get_config` returns. (ChainerMN kept them in one dict
+        shared by every communicator; here each keeps its own.)"""
+        outer = self.within_config_scope
+        object.__setattr__(self, "_within_config_scope", True)
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_within_config_scope", outer)
+
+    def __setattr__(self, name, value):
+        if self.within_config_scope:
+            self.__dict__.setdefault("_configs", {})[name] = value
+        super().__setattr__(name, value)
 
     def finalize(self):
         """Releases the communicator's resources; it cannot be used after."""

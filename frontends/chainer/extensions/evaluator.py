@@ -1,18 +1,28 @@
-"""create_multi_node_evaluator: an Evaluator whose results are means over ranks.
+"""Evaluation over ranks, ChainerMN's two ways.
 
-Each rank evaluates its own share of the validation data; the patched
-`evaluate` then averages every reported value over the ranks with an
-allreduce per key on the coordinator (fused; named by key, so later
-evaluations hit the response cache). Ranks must report the same keys; when they do not,
-every rank raises a ValueError that lists what each reported.
+`create_multi_node_evaluator`: an Evaluator whose results are means over
+ranks. Each rank evaluates its own share of the validation data; the
+patched `evaluate` then averages every reported value over the ranks with
+an allreduce per key on the coordinator (fused; named by key, so later
+evaluations hit the response cache). Ranks must report the same keys; when
+they do not, every rank raises a ValueError that lists what each reported.
+
+`GenericMultiNodeEvaluator`: for results a mean cannot combine (a median,
+per-example outputs, a metric over the whole set) and for shares of
+different sizes. Every rank runs `calc_local` on its batches; the root
+receives every result and hands them to `aggregate` once.
 """
 
+import copy
 import types
 
 import numpy as np
 
 import chainer
 import coordinator as hvd
+from chainer.dataset import convert
+from chainer.training import extension
+from chainer.utils import argument
 
 
 def _as_array(value):
@@ -63,3 +73,99 @@ def create_multi_node_evaluator(actual_evaluator, communicator):
 
     actual_evaluator.evaluate = types.MethodType(evaluate, actual_evaluator)
     return actual_evaluator
+
+
+class GenericMultiNodeEvaluator(extension.Extension):
+    """ChainerMN's evaluator for results that do not average.
+
+    Each rank iterates over its own `iterator` (not repeating; its share of
+    the data, of any size) and calls `calc_local(*batch)` on each converted
+    batch without backprop (`calc_local(**batch)` for a dict,
+    `calc_local(batch)` otherwise); by default that calls `target`.
+    The root receives every rank's results, a round at a time, and calls
+    `aggregate(results)` once with all of them: round by round, and within
+    a round in rank order (round k holds each rank's k-th batch, for the
+    ranks that still had one). `__call__` returns what `aggregate` returned
+    on the root and None on the other ranks. Override both methods; by
+    default `aggregate` returns the list itself. `progress_hook(batch)` is
+    called on the root for each of its own batches.
+
+    Unlike ChainerMN's, a `calc_local` that returns None keeps its place
+    in the list (ChainerMN dropped it), and `comm=None` runs on one process.
+    The ranks check that they are all done every `gather_interval` rounds.
+    """
+
+    trigger = 1, "epoch"
+    default_name = "validation"
+    priority = extension.PRIORITY_WRITER
+    name = None
+    gather_interval = 8
+
+    def __init__(self, comm, iterator, target, device=None,
+                 converter=convert.concat_examples, root=0, **kwargs):
+        progress_hook, = argument.parse_kwargs(kwargs, ("progress_hook", None))
+        if comm is not None and not 0 <= root < comm.size:
+            raise ValueError(f"GenericMultiNodeEvaluator: root {root} is not a rank of the "
+                             f"communicator (its ranks are 0 to {comm.size - 1})")
+        self.comm = comm
+        self.iterator = iterator
+        self._targets = {"main": target}
+        self.converter = converter
+        self.device = chainer.backend.get_device(device) if device is not None else None
+        self.root = root
+        self._progress_hook = progress_hook
+
+    def __call__(self, trainer=None):
+        it = self._restarted_iterator()
+        if self.comm is None:
+            return self.aggregate(list(self._local(it)))
+        results = self._gathered(self._local(it))
+        return self.aggregate(results) if self.comm.rank == self.root else None
+
+    def calc_local(self, *args, **kwargs):
+        """One batch's result on this rank: by default `target(batch)`."""
+        return self._targets["main"](*args, **kwargs)
+
+    def aggregate(self, results):
+        """Called once, on the root, with every rank's results; its return
+        value is the evaluator's. By default the list itself."""
+        return results
+
+    def _restarted_iterator(self):
+        if hasattr(self.iterator, "reset"):
+            self.iterator.reset()
+            return self.iterator
+        return copy.copy(self.iterator)
+
+    def _local(self, it):
+        """calc_local's result for each of this rank's batches."""
+        at_root = self.comm is None or self.comm.rank == self.root
+        for batch in it:
+            in_arrays = convert._call_converter(self.converter, batch, self.device)
+            with chainer.no_backprop_mode():
+                if isinstance(in_arrays, tuple):
+                    result = self.calc_local(*in_arrays)
+                elif isinstance(in_arrays, dict):
+                    result = self.calc_local(**in_arrays)
+                else:
+                    result = self.calc_local(in_arrays)
+            if at_root and self._progress_hook:
+                self._progress_hook(batch)
+            yield result
+
+    def _gathered(self, local):
+        """Every rank's results, on the root ([] elsewhere). Each round
+        gathers one (result,) per rank, or None from a rank that is done."""
+        comm, root, results = self.comm, self.root, []
+        at_root = comm.rank == root
+        wrapped = ((result,) for result in local)  # a result of None is not the end
+        done = False
+        while not done:
+            for _ in range(self.gather_interval):
+                sent = comm.gather_obj(next(wrapped, None), root=root)
+                if at_root:
+                    round_ = [r[0] for r in sent if r is not None]
+                    results.extend(round_)
+                    done = not round_
+            done = comm.bcast_obj(done, root=root)
+        return results
