@@ -30,8 +30,8 @@ log = logging.getLogger("coordinator")
 
 _lock = threading.RLock()
 _runtime = None
-_state = {"shut_down": False, "atexit": False, "uncaught": None, "resetting": False,
-          "mpi_defaults": False}  # whether MPI was given _mpi_defaults before it started
+_state = {"shut_down": False, "atexit": False, "uncaught": None, "excepthook": False,
+          "resetting": False, "mpi_defaults": False}  # whether MPI was given _mpi_defaults before it started
 
 
 def current():
@@ -358,15 +358,26 @@ def resetting():
 
 
 def _chain_excepthook():
-    """Remember an uncaught exception, so the shutdown at exit can tell the
-    other ranks why this one is leaving."""
+    """Remember an uncaught exception (once per process), so the shutdown at
+    exit can tell the other ranks why this one is leaving, and an elastic
+    worker knows that it is (`uncaught()`)."""
+    if _state["excepthook"]:
+        return
+    _state["excepthook"] = True
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
-        _state["uncaught"] = _exception_text(exc_type, exc)
+        _state["uncaught"] = exc if exc is not None else exc_type()
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def uncaught():
+    """The exception that ended the program, if one did (seen by the hook
+    `init()` installs, or left by the interactive interpreter)."""
+    return _state["uncaught"] if _state["uncaught"] is not None else getattr(sys, "last_value",
+                                                                             None)
 
 
 # How much of an uncaught exception's message the other ranks are told.
@@ -394,5 +405,6 @@ def _at_exit():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    uncaught = _state["uncaught"]
-    stop(f"is exiting after an uncaught {uncaught}" if uncaught else "")
+    exc = _state["uncaught"]
+    stop(f"is exiting after an uncaught {_exception_text(type(exc), exc)}" if exc is not None
+         else "")

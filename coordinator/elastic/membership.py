@@ -238,12 +238,15 @@ class Membership:
         ends by SIGKILL."""
         if self.agent is None:
             return
-        uncaught = getattr(sys, "last_type", None) is not None or _uncaught[0] is not None
+        from coordinator import runtime
+
+        exc = runtime.uncaught()
+        uncaught = exc is not None
         self.agent.finish(1 if uncaught else 0)
         self.agent.stop()
         # Unless what it raised says that another rank finished: that one
         # waits in MPI_Finalize for this one, and nobody re-forms.
-        leaving = uncaught and not finished_peer(_uncaught[0] or getattr(sys, "last_value", None))
+        leaving = uncaught and not finished_peer(exc)
         if self.failures or self.departures or leaving:
             # What runs after this at exit (handlers registered before init())
             # never will: flush what the logging module holds at least.
@@ -253,19 +256,6 @@ class Membership:
             if leaving:
                 os.kill(os.getpid(), signal.SIGKILL)
             os._exit(1 if uncaught else 0)
-
-
-_uncaught = [None]  # the exception that ended the program, if one did
-
-
-def _chain_excepthook():
-    previous = sys.excepthook
-
-    def hook(exc_type, exc, tb):
-        _uncaught[0] = exc if exc is not None else RuntimeError(exc_type.__name__)
-        previous(exc_type, exc, tb)
-
-    sys.excepthook = hook
 
 
 def _mpi():
@@ -290,7 +280,9 @@ def current():
     with _membership_lock:
         if _membership is None:
             _membership = Membership()
-            _chain_excepthook()
+            from coordinator import runtime
+
+            runtime._chain_excepthook()
         return _membership
 
 
