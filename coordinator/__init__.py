@@ -33,6 +33,7 @@ from coordinator.collectives import (Adasum, Average, Max, Min, Product, Sum, al
                                      grouped_reducescatter, grouped_reducescatter_async, join,
                                      poll, recv, recv_async, reducescatter,
                                      reducescatter_async, send, send_async, synchronize)
+from coordinator.objects import allgather_object, broadcast_object
 from coordinator.errors import (DeadlockError, HorovodInternalError, InvalidOperationError,
                                 NotInitializedError, RankFailedError, ShutdownError,
                                 StallError, TensorMismatchError)
@@ -50,7 +51,7 @@ __all__ = [
     "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "grouped_reducescatter",
     "grouped_reducescatter_async", "send", "send_async", "recv", "recv_async",
-    "barrier", "join", "poll", "synchronize",
+    "barrier", "join", "poll", "synchronize", "broadcast_object", "allgather_object",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "HorovodInternalError", "NotInitializedError", "RankFailedError", "ShutdownError",

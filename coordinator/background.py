@@ -320,6 +320,7 @@ class Background:
         self._shutdown_sent = False
         self._shutdown_asked_at = None
         self._final = None  # (Ibarrier request, deadline, reason) once shutting down
+        self.final_reason = None  # why the coordinator shut down, once it does
         self._final_finished = False  # ... asked by a rank whose program is done
         self._final_grace = None  # once every rank is shutting down: when to give up
         self.stopping = False  # shutting down: no new work is taken
@@ -1629,6 +1630,7 @@ class Background:
             f"{e.describe()}: the coordinator has shut down ({reason})"), keep=keep)
         request = self.channel.barrier()
         self._final = (request, time.monotonic() + SHUTDOWN_TIMEOUT, reason)
+        self.final_reason = reason
         # A cycle in flight is left as it is: nothing reads it any more, and
         # MPI_Finalize does not wait for it (measured with Open MPI 5); but
         # MPI may complete it there, so its buffers outlive the interpreter

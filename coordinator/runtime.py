@@ -185,6 +185,16 @@ class Runtime:
         if self.fatal_error is not None:
             raise self.fatal_error
 
+    def check_running(self, what):
+        """Raises what an operation `what` submitted now would meet: the
+        job's failure (check_health), or the ShutdownError of its shutdown.
+        For a frontend waiting outside the coordinator (in MPI) on peers."""
+        self.check_health()
+        bg = self.background
+        if bg.stopping or bg.finished:
+            reason = bg.final_reason or "shutdown() was called"
+            raise bg._shutdown_error(f"{what}: the coordinator has shut down ({reason})")
+
     # ------------------------------------------------------------ shutdown
     def shutdown(self, why="", finished=False):
         from coordinator.background import SHUTDOWN_TIMEOUT

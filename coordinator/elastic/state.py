@@ -9,7 +9,6 @@ every rank raises HostsUpdatedInterrupt at the same commit.
 """
 
 import copy
-import pickle
 import queue
 
 import numpy as np
@@ -37,24 +36,11 @@ class HostUpdateResult:
 
 
 def broadcast_object(obj, root_rank=0, name=None):
-    """Framework-free broadcast of a picklable object from `root_rank`
-    (NumPy through the coordinator: its length, then its bytes)."""
-    import coordinator as hvd
+    """Framework-free broadcast of a picklable object from `root_rank`: one
+    exchange on the core (coordinator/objects.py)."""
+    from coordinator import objects
 
-    name = name or f"elastic.{type(obj).__name__}"
-    if hvd.rank() == root_rank:
-        payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
-                                dtype=np.uint8)
-        length = np.array([payload.size], np.int64)
-    else:
-        payload, length = None, np.zeros(1, np.int64)
-    length = hvd.broadcast(length, root_rank, name=f"{name}.sz")
-    if payload is None:
-        payload = np.zeros(int(length[0]), np.uint8)
-    payload = hvd.broadcast(payload, root_rank, name=f"{name}.t")
-    if hvd.rank() == root_rank:
-        return obj
-    return pickle.loads(payload.tobytes())
+    return objects.broadcast_object(obj, root_rank, name or "elastic")
 
 
 def _core_rank():

@@ -6,15 +6,14 @@ result arrives in an aligned buffer that becomes a tensor without a copy, and
 `assign` makes the one copy into the variable. Inside a tf.function each
 variable gets a broadcast op and an assign.
 
-Objects travel as cloudpickle bytes: a broadcast (or allgather) of their
-length, then of the bytes, under `<name>.sz` and `<name>.t` as in Horovod.
+Objects travel as cloudpickle bytes, one exchange each on the core
+(coordinator/objects.py).
 """
 
-import cloudpickle
-import numpy as np
 import tensorflow as tf
 
 import coordinator as core
+from coordinator import objects
 from coordinator.process_sets import global_process_set
 from frontends.tensorflow import errors, mpi_ops
 from frontends.tensorflow import tensor_bridge as bridge
@@ -84,23 +83,12 @@ def _outside_tf_function(what):
 def broadcast_object(obj, root_rank=0, session=None, name=None,
                      process_set=global_process_set):
     """Returns `root_rank`'s `obj` (pickled with cloudpickle) on every rank
-    of `process_set`. `session` is accepted for compatibility (TF1)."""
+    of `process_set`, in one exchange on the core (coordinator/objects.py).
+    `session` is accepted for compatibility (TF1). Unlike Horovod's, the
+    default name does not depend on `obj`'s type, so the others may pass
+    None."""
     _outside_tf_function("broadcast_object")
-    name = name or type(obj).__name__
-    if core.rank() == root_rank:
-        payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
-        length = np.array([payload.size], np.int64)
-    else:
-        payload, length = None, np.zeros(1, np.int64)
-    length = errors.call(core.broadcast, length, root_rank, name=name + ".sz",
-                         process_set=process_set)
-    if payload is None:
-        payload = np.zeros(int(length[0]), np.uint8)
-    payload = errors.call(core.broadcast, payload, root_rank, name=name + ".t",
-                          process_set=process_set)
-    if core.rank() == root_rank:
-        return obj
-    return cloudpickle.loads(payload.tobytes())
+    return errors.call(objects.broadcast_object, obj, root_rank, name, process_set)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -118,13 +106,6 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """Returns the list of every rank's `obj` (pickled with cloudpickle), in
-    rank order of `process_set`."""
+    rank order of `process_set`: one exchange on the core."""
     _outside_tf_function("allgather_object")
-    name = name or type(obj).__name__
-    payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
-    lengths = errors.call(core.allgather, np.array([payload.size], np.int64),
-                          name=name + ".sz", process_set=process_set)
-    gathered = errors.call(core.allgather, payload, name=name + ".t", process_set=process_set)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    return [cloudpickle.loads(gathered[offsets[i]:offsets[i + 1]].tobytes())
-            for i in range(len(lengths))]
+    return errors.call(objects.allgather_object, obj, name, process_set)

@@ -1,18 +1,11 @@
 """Model and object helpers: broadcast_parameters, broadcast_optimizer_state,
 broadcast_object, allgather_object."""
 
-import io
-
 import torch
 
+from coordinator import objects
 from coordinator.process_sets import global_process_set
-from frontends.torch.mpi_ops import (allgather, broadcast_, broadcast_async_, rank,
-                                     synchronize)
-
-try:
-    import cloudpickle as _pickle
-except ImportError:  # pragma: no cover - cloudpickle is a dependency
-    import pickle as _pickle
+from frontends.torch.mpi_ops import broadcast_async_, rank, synchronize
 
 
 def broadcast_parameters(params, root_rank):
@@ -33,41 +26,17 @@ def broadcast_parameters(params, root_rank):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Pickles `obj` on root_rank and returns root_rank's object on every rank
-    (two broadcasts: `<name>.sz`, then `<name>.t`; name defaults to the type's
-    name)."""
-    if name is None:
-        name = type(obj).__name__
-    if rank() == root_rank:
-        buf = io.BytesIO()
-        _pickle.dump(obj, buf)
-        payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-        broadcast_(length, root_rank, f"{name}.sz", process_set)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
-        broadcast_(length, root_rank, f"{name}.sz", process_set)
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, f"{name}.t", process_set)
-    if rank() == root_rank:
-        return obj
-    return _pickle.loads(payload.numpy().tobytes())
+    """root_rank's `obj` (pickled with cloudpickle) on every rank; one
+    exchange on the core (coordinator/objects.py). Unlike Horovod's, the
+    default name does not depend on `obj`'s type, so the others may pass
+    None."""
+    return objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Pickles `obj` on every rank; returns the list of every rank's object,
-    in rank order."""
-    if name is None:
-        name = type(obj).__name__
-    payload = torch.frombuffer(bytearray(_pickle.dumps(obj)), dtype=torch.uint8)
-    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
-                        name=f"{name}.sz", process_set=process_set).tolist()
-    gathered = allgather(payload, name=f"{name}.t", process_set=process_set).numpy()
-    out, start = [], 0
-    for n in lengths:
-        out.append(_pickle.loads(gathered[start:start + n].tobytes()))
-        start += n
-    return out
+    """Every rank's `obj` (pickled with cloudpickle), in rank order; one
+    exchange on the core."""
+    return objects.allgather_object(obj, name, process_set)
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None):

@@ -12,11 +12,16 @@ MPI_Gatherv/Scatterv). `send`/`recv` are the core's point-to-point
 operations, named by tag (the core appends sender and receiver) so that they
 pair as MPI's do (in order, per tag), and negotiated like every other
 operation: the stall inspector, the liveness checks and the timeline see
-them. The `_obj` methods use mpi4py on a communicator this object owns (a
-Dup of the one it was created from), never the core's.
+them.
 
-Shapes and dtypes travel ahead of the data as small pickled messages on that
-communicator, so ranks need not know what they will receive, as in ChainerMN.
+Shapes and dtypes travel ahead of the data as small pickled objects, so
+ranks need not know what they will receive, as in ChainerMN; they and the
+collective `_obj` methods are the core's object operations (objects.py):
+one allgather of bytes each. They were mpi4py's collectives on a Dup of the
+communicator, where a rank that left (its own exception) or stopped held
+the others in MPI for good. `send_obj`/`recv_obj` stay on that Dup, as
+ChainerMN's (their tags, ANY_TAG included, are MPI's), and fail their wait
+when the job does.
 Arrays are NumPy arrays (Chainer's CPU arrays), which reach MPI without copies
 when C-contiguous, or CuPy arrays (Chainer's GPU arrays), which stay on their
 device: the core runs them on its device backend (NCCL), results are CuPy
@@ -25,15 +30,16 @@ sending (bcast, scatter) gets its result on the device when the root's array
 was on one.
 """
 
+import functools
 import itertools
-import pickle
+import operator
 import time
 
 import numpy as np
 from mpi4py import MPI
 
 import coordinator as hvd
-from coordinator import basics, gpu
+from coordinator import basics, gpu, objects, runtime
 from coordinator import dtypes as core_dtypes
 from frontends.chainer.communicators.communicator_base import CommunicatorBase
 
@@ -99,10 +105,12 @@ def _check_same_dtype(what, metas):
         raise TypeError(f"{what}: all arrays must have the same dtype ({found})")
 
 
-def _wait_request(req, test):
+def _wait_request(req, test, what):
     """Waits for an mpi4py request without spinning a core: Open MPI's
     blocking calls busy-poll, which starves the other ranks and the
-    coordinator's thread on a small machine."""
+    coordinator's thread on a small machine. Raises the job's error once the
+    coordinator has failed or shut down (a peer died, left after an
+    exception, or was found stopped): that peer would never answer."""
     delay = 0.0
     while True:
         done = test(req)
@@ -110,6 +118,15 @@ def _wait_request(req, test):
             return done
         time.sleep(delay)
         delay = min(0.001, delay + 0.00005)
+        if delay == 0.001:
+            _check_job(what)
+
+
+def _check_job(what):
+    rt = runtime.current()
+    if rt is None:
+        raise hvd.ShutdownError(f"{what}: the coordinator has shut down")
+    rt.check_running(what)
 
 
 def _offsets(counts):
@@ -248,10 +265,19 @@ class CoordinatorCommunicator(CommunicatorBase):
                 payload = ("ok", make_meta())
             except (TypeError, ValueError) as exc:
                 payload = ("error", type(exc), str(exc))
-        payload = self.mpi_comm.bcast(payload, root=root)
+        payload = self._bcast_obj(payload, root, f"{self._name(what)}.meta")
         if payload[0] == "error":
             raise payload[1](f"{payload[2]} (raised on root rank {root})")
         return payload[1]
+
+    def _allgather_obj(self, obj, name):
+        """Every rank's obj, in this communicator's rank order."""
+        by_set = objects.allgather_object(obj, name=name, process_set=self._ps)
+        return [by_set[j] for j in self._set_index]
+
+    def _bcast_obj(self, obj, root, name):
+        return objects.broadcast_object(obj, self._global[root], name=name,
+                                        process_set=self._ps)
 
     def _by_comm_rank(self, flat, counts_by_set, metas):
         """Splits a core result laid out in process-set order into one array
@@ -301,10 +327,11 @@ class CoordinatorCommunicator(CommunicatorBase):
         if _is_sequence(x):
             raise TypeError("allgather cannot handle tuple data")
         arr = _array(x, what)
-        metas = self.mpi_comm.allgather((arr.shape, arr.dtype))
+        name = self._name("allgather")
+        metas = self._allgather_obj((arr.shape, arr.dtype), f"{name}.meta")
         _check_same_dtype(what, metas)
         flat = _xp(arr).ascontiguousarray(arr).reshape(-1)
-        out = hvd.allgather(flat, name=self._name("allgather"), process_set=self._ps)
+        out = hvd.allgather(flat, name=name, process_set=self._ps)
         counts = [0] * self.size
         for r, (shape, _) in enumerate(metas):
             counts[self._set_index[r]] = int(np.prod(shape, dtype=np.int64))
@@ -317,13 +344,13 @@ class CoordinatorCommunicator(CommunicatorBase):
         if _is_sequence(x):
             raise TypeError("gather cannot handle tuple data")
         arr = _array(x, what)
-        metas = self.mpi_comm.allgather((arr.shape, arr.dtype))
+        name = self._name("gather")
+        metas = self._allgather_obj((arr.shape, arr.dtype), f"{name}.meta")
         _check_same_dtype(what, metas)
         flat = _xp(arr).ascontiguousarray(arr).reshape(-1)
         splits = [0] * self.size
         splits[self._set_index[root]] = flat.size
-        out, received = hvd.alltoall(flat, splits=splits, name=self._name("gather"),
-                                     process_set=self._ps)
+        out, received = hvd.alltoall(flat, splits=splits, name=name, process_set=self._ps)
         if self.rank != root:
             return None
         return self._by_comm_rank(out, [int(c) for c in received], metas)
@@ -354,7 +381,8 @@ class CoordinatorCommunicator(CommunicatorBase):
                 metas = [("ok", p.shape, p.dtype, on_device) for p in parts]
             except (TypeError, ValueError) as exc:
                 metas = [("error", type(exc), str(exc))] * self.size
-        mine = self.mpi_comm.scatter(metas, root=root)
+        name = self._name("scatter")
+        mine = self._bcast_obj(metas, root, f"{name}.meta")[self.rank]
         if mine[0] == "error":
             raise mine[1](f"{mine[2]} (raised on root rank {root})")
         _, shape, dtype, on_device = mine
@@ -368,8 +396,7 @@ class CoordinatorCommunicator(CommunicatorBase):
             send = xp.concatenate(by_set) if by_set else xp.empty(0, dtype)
         else:
             send = xp.empty(0, dtype)
-        out, _ = hvd.alltoall(send, splits=splits, name=self._name("scatter"),
-                              process_set=self._ps)
+        out, _ = hvd.alltoall(send, splits=splits, name=name, process_set=self._ps)
         return out.reshape(shape)
 
     def alltoall(self, xs):
@@ -379,15 +406,17 @@ class CoordinatorCommunicator(CommunicatorBase):
             raise ValueError("The length of data must be same as communicator size.")
         parts = [_array(x, what) for x in xs]
         _check_same_dtype(what, [(p.shape, p.dtype) for p in parts])
-        metas = self.mpi_comm.alltoall([(p.shape, p.dtype) for p in parts])
+        name = self._name("alltoall")
+        everyone = self._allgather_obj([(p.shape, p.dtype) for p in parts], f"{name}.meta")
+        metas = [theirs[self.rank] for theirs in everyone]
         _check_same_dtype(what, metas)
         xp = _xp(parts[0])
         by_set = [None] * self.size
         for r, p in enumerate(parts):
             by_set[self._set_index[r]] = xp.ascontiguousarray(p).reshape(-1)
         send = xp.concatenate(by_set)
-        out, received = hvd.alltoall(send, splits=[p.size for p in by_set],
-                                     name=self._name("alltoall"), process_set=self._ps)
+        out, received = hvd.alltoall(send, splits=[p.size for p in by_set], name=name,
+                                     process_set=self._ps)
         return self._by_comm_rank(out, [int(c) for c in received], metas)
 
     # ------------------------------------------------------ point to point
@@ -451,41 +480,40 @@ class CoordinatorCommunicator(CommunicatorBase):
     def send_obj(self, obj, dest, tag=0):
         self._check_open("send_obj")
         # Standard mode, as ChainerMN: small objects return before they are received.
-        _wait_request(self.mpi_comm.isend(obj, dest=dest, tag=tag), lambda r: r.test()[0])
+        _wait_request(self.mpi_comm.isend(obj, dest=dest, tag=tag), lambda r: r.test()[0],
+                      f"send_obj to rank {dest}")
 
     def recv_obj(self, source, status=None, tag=MPI.ANY_TAG):
         self._check_open("recv_obj")
-        _wait_request(None, lambda _: self.mpi_comm.Iprobe(source=source, tag=tag))
+        _wait_request(None, lambda _: self.mpi_comm.Iprobe(source=source, tag=tag),
+                      f"recv_obj from rank {source}")
         return self.mpi_comm.recv(source=source, tag=tag, status=status)
 
     def bcast_obj(self, obj, max_buf_len=DEFAULT_MAX_BUF_LEN, root=0):
-        """Pickles on root and broadcasts the bytes in pieces of at most
-        max_buf_len (MPI counts are C ints). Other ranks' `obj` is ignored."""
+        """Root's `obj` on every rank (the others' `obj` is ignored). The
+        core moves the pickle whole; `max_buf_len`, ChainerMN's piece size
+        for MPI's C-int counts, is checked and otherwise unused."""
         self._check_open("bcast_obj")
         root = self._check_root("bcast_obj", root)
         if max_buf_len is None:
             max_buf_len = DEFAULT_MAX_BUF_LEN
         if not 0 < max_buf_len < 2 ** 31:
             raise ValueError(f"bcast_obj: max_buf_len must be in (0, 2**31), got {max_buf_len}")
-        payload = None
-        if self.rank == root:
-            payload = bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-        total = self.mpi_comm.bcast(len(payload) if payload is not None else None, root=root)
-        if payload is None:
-            payload = bytearray(total)
-        view = memoryview(payload)
-        for start in range(0, total, max_buf_len):
-            self.mpi_comm.Bcast([view[start:start + max_buf_len], MPI.BYTE], root=root)
-        return obj if self.rank == root else pickle.loads(payload)
+        return self._bcast_obj(obj, root, self._name("bcast_obj"))
 
     def gather_obj(self, obj, root=0):
+        """The list of every rank's `obj` on root, None elsewhere."""
         self._check_open("gather_obj")
-        return self.mpi_comm.gather(obj, root=self._check_root("gather_obj", root))
+        root = self._check_root("gather_obj", root)
+        everyone = self._allgather_obj(obj, self._name("gather_obj"))
+        return everyone if self.rank == root else None
 
     def allreduce_obj(self, obj):
-        """Sum (`+`) of every rank's object."""
+        """Sum (`+`) of every rank's object, added in rank order on every
+        rank, so all get the same result."""
         self._check_open("allreduce_obj")
-        return self.mpi_comm.allreduce(obj, op=MPI.SUM)
+        return functools.reduce(operator.add,
+                                self._allgather_obj(obj, self._name("allreduce_obj")))
 
     # ------------------------------------------------------ model data
     def _params(self, model):
