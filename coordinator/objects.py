@@ -42,8 +42,17 @@ def loads(data):
 def _exchange(name, process_set, root, payload):
     """Every member's (root, payload bytes), in process-set order: one
     allgather of `header + payload` from each."""
+    return _exchange_async(name, process_set, root, payload)()
+
+
+def _exchange_async(name, process_set, root, payload):
+    """Submits the exchange; returns the function that waits for it."""
     mine = np.frombuffer(_HEADER.pack(root, len(payload)) + payload, np.uint8)
-    flat = collectives.allgather(mine, name=name, process_set=process_set)
+    handle = collectives.allgather_async(mine, name=name, process_set=process_set)
+    return lambda: _parts(collectives.synchronize(handle))
+
+
+def _parts(flat):
     raw, out, start = flat.tobytes(), [], 0
     while start < len(raw):
         their_root, length = _HEADER.unpack_from(raw, start)
@@ -76,6 +85,13 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Every member's `obj`, in the process set's rank order."""
+    return allgather_object_async(obj, name, process_set)()
+
+
+def allgather_object_async(obj, name=None, process_set=global_process_set):
+    """Submits allgather_object; returns the function that waits for it and
+    returns its result. An operation submitted before that wait is
+    negotiated with it (a frontend's shapes and their data: one round)."""
     name = name or "allgather_object"
-    parts = _exchange(f"allgather_object.{name}", process_set, -1, dumps(obj))
-    return [loads(data) for _, data in parts]
+    wait = _exchange_async(f"allgather_object.{name}", process_set, -1, dumps(obj))
+    return lambda: [loads(data) for _, data in wait()]

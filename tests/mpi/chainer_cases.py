@@ -122,7 +122,14 @@ def case_allgather_arrays_of_different_shapes(hvd):
 
 def case_allgather_of_mixed_dtypes_raises_type_error_on_every_rank(hvd):
     dtype = np.float32 if COMM.rank == 0 else np.int32
-    expect_raises(TypeError, COMM.allgather, np.ones(3, dtype))
+    exc = expect_raises(TypeError, COMM.allgather, np.ones(3, dtype))
+    assert "rank 0: float32" in str(exc) and "rank 1: int32" in str(exc), str(exc)
+    # The same for gather and alltoall, whose shapes travel with their data
+    exc = expect_raises(TypeError, COMM.gather, np.ones(3, dtype), root=COMM.size - 1)
+    assert "rank 0: float32" in str(exc) and "rank 1: int32" in str(exc), str(exc)
+    exc = expect_raises(TypeError, COMM.alltoall, [np.ones(2, dtype)] * COMM.size)
+    assert "rank 0: float32" in str(exc) and "rank 1: int32" in str(exc), str(exc)
+    assert_equal(COMM.allgather(np.ones(1, np.float32))[0], np.ones(1, np.float32))
 
 
 # ------------------------------------------------------------------ gather

@@ -129,6 +129,15 @@ def _check_job(what):
     rt.check_running(what)
 
 
+def _settle(handle):
+    """Waits for a handle whose outcome no longer matters (its companion
+    failed), so it is not left behind."""
+    try:
+        hvd.synchronize(handle)
+    except Exception:  # noqa: BLE001 - the companion's error is the one raised
+        pass
+
+
 def _offsets(counts):
     out = [0]
     for c in counts[:-1]:
@@ -275,6 +284,29 @@ class CoordinatorCommunicator(CommunicatorBase):
         by_set = objects.allgather_object(obj, name=name, process_set=self._ps)
         return [by_set[j] for j in self._set_index]
 
+    def _with_shapes(self, what, mine, name, submit, received=lambda m: m):
+        """Exchanges this rank's `mine` (shapes and dtypes) while the data
+        operation `submit()` submits runs: both are negotiated in one round.
+        Returns (every rank's `mine` in this communicator's order, the data
+        operation's result). Ranks whose dtypes differ fail the data
+        operation in the core; here every rank raises ChainerMN's TypeError,
+        naming them (`received(m)`: the (shape, dtype) a rank's `m` sends
+        to this one)."""
+        wait = objects.allgather_object_async(mine, name=f"{name}.meta",
+                                              process_set=self._ps)
+        handle = submit()
+        try:
+            by_set = wait()
+        except Exception:
+            _settle(handle)
+            raise
+        everyone = [by_set[j] for j in self._set_index]
+        try:
+            return everyone, hvd.synchronize(handle)
+        except hvd.TensorMismatchError:
+            _check_same_dtype(what, [received(m) for m in everyone])
+            raise
+
     def _bcast_obj(self, obj, root, name):
         return objects.broadcast_object(obj, self._global[root], name=name,
                                         process_set=self._ps)
@@ -328,10 +360,10 @@ class CoordinatorCommunicator(CommunicatorBase):
             raise TypeError("allgather cannot handle tuple data")
         arr = _array(x, what)
         name = self._name("allgather")
-        metas = self._allgather_obj((arr.shape, arr.dtype), f"{name}.meta")
-        _check_same_dtype(what, metas)
         flat = _xp(arr).ascontiguousarray(arr).reshape(-1)
-        out = hvd.allgather(flat, name=name, process_set=self._ps)
+        metas, out = self._with_shapes(
+            what, (arr.shape, arr.dtype), name,
+            lambda: hvd.allgather_async(flat, name=name, process_set=self._ps))
         counts = [0] * self.size
         for r, (shape, _) in enumerate(metas):
             counts[self._set_index[r]] = int(np.prod(shape, dtype=np.int64))
@@ -345,12 +377,12 @@ class CoordinatorCommunicator(CommunicatorBase):
             raise TypeError("gather cannot handle tuple data")
         arr = _array(x, what)
         name = self._name("gather")
-        metas = self._allgather_obj((arr.shape, arr.dtype), f"{name}.meta")
-        _check_same_dtype(what, metas)
         flat = _xp(arr).ascontiguousarray(arr).reshape(-1)
         splits = [0] * self.size
         splits[self._set_index[root]] = flat.size
-        out, received = hvd.alltoall(flat, splits=splits, name=name, process_set=self._ps)
+        metas, (out, received) = self._with_shapes(
+            what, (arr.shape, arr.dtype), name,
+            lambda: hvd.alltoall_async(flat, splits=splits, name=name, process_set=self._ps))
         if self.rank != root:
             return None
         return self._by_comm_rank(out, [int(c) for c in received], metas)
@@ -407,16 +439,18 @@ class CoordinatorCommunicator(CommunicatorBase):
         parts = [_array(x, what) for x in xs]
         _check_same_dtype(what, [(p.shape, p.dtype) for p in parts])
         name = self._name("alltoall")
-        everyone = self._allgather_obj([(p.shape, p.dtype) for p in parts], f"{name}.meta")
-        metas = [theirs[self.rank] for theirs in everyone]
-        _check_same_dtype(what, metas)
         xp = _xp(parts[0])
         by_set = [None] * self.size
         for r, p in enumerate(parts):
             by_set[self._set_index[r]] = xp.ascontiguousarray(p).reshape(-1)
         send = xp.concatenate(by_set)
-        out, received = hvd.alltoall(send, splits=[p.size for p in by_set], name=name,
-                                     process_set=self._ps)
+        me = self.rank
+        everyone, (out, received) = self._with_shapes(
+            what, [(p.shape, p.dtype) for p in parts], name,
+            lambda: hvd.alltoall_async(send, splits=[p.size for p in by_set], name=name,
+                                       process_set=self._ps),
+            received=lambda theirs: theirs[me])
+        metas = [theirs[me] for theirs in everyone]
         return self._by_comm_rank(out, [int(c) for c in received], metas)
 
     # ------------------------------------------------------ point to point
