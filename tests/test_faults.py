@@ -47,13 +47,14 @@ def _lines(out, prefix):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_,victim", [(2, 1), (3, 0), (3, 2)])
-def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(np_, victim):
+def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(np_, victim,
+                                                                              tmp_path):
     """SIGSTOP while the others run a collective with it: a warning naming
     it after the check time, StallError on every rank after the shutdown
     time (the stopped one too, once continued), and the job ends."""
     start = time.monotonic()
     proc = mpirun(["tests/scripts/stopped_rank.py", "collective", str(victim), "9"],
-                  np_=np_, env=STOP_ENV, timeout=120)
+                  np_=np_, env=dict(STOP_ENV, REPORTS_DIR=str(tmp_path)), timeout=120)
     out = proc.stdout + proc.stderr
     assert time.monotonic() - start < 60, out
     assert f"rank {victim} has not answered" in out or "rank 0 (the coordinator) has not" \
@@ -72,14 +73,15 @@ def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(
 @pytest.mark.parametrize("checks", ["on", "disabled"])
 @pytest.mark.parametrize("mode", ["collective", "between"])
 def test_without_a_stall_shutdown_time_a_stopped_rank_fails_after_the_silence_limit(
-        mode, checks):
+        mode, checks, tmp_path):
     """Horovod's defaults (no stall shutdown time): a rank that does not
     answer is stopped, not slow, so after COORDINATOR_SILENT_RANK_SECONDS
     (120 s by default, 5 here) every rank gets the StallError naming it,
     where the job used to warn for ever. With stall checks disabled
     (HOROVOD_STALL_CHECK_DISABLE) nothing is warned about, and the limit
     holds all the same: the job used to wait silently for good."""
-    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "COORDINATOR_SILENT_RANK_SECONDS": "5"}
+    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "COORDINATOR_SILENT_RANK_SECONDS": "5",
+           "REPORTS_DIR": str(tmp_path)}
     if checks == "disabled":
         env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
     proc = mpirun(["tests/scripts/stopped_rank.py", mode, "1", "9"], np_=2, env=env,
@@ -99,11 +101,11 @@ def test_without_a_stall_shutdown_time_a_stopped_rank_fails_after_the_silence_li
 
 
 @pytest.mark.mpi
-def test_a_rank_stopped_between_steps_becomes_a_stall_error_on_every_rank():
+def test_a_rank_stopped_between_steps_becomes_a_stall_error_on_every_rank(tmp_path):
     """SIGSTOP between two steps: the others wait in the negotiation cycle,
     which the stopped rank can never finish, so it is named the same way."""
     proc = mpirun(["tests/scripts/stopped_rank.py", "between", "1", "9"], np_=2,
-                  env=STOP_ENV, timeout=120)
+                  env=dict(STOP_ENV, REPORTS_DIR=str(tmp_path)), timeout=120)
     out = proc.stdout + proc.stderr
     assert "rank 1 has not answered" in out, out
     for rank in range(2):
@@ -115,13 +117,13 @@ def test_a_rank_stopped_between_steps_becomes_a_stall_error_on_every_rank():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("np_,victim", [(2, 1), (3, 0)])
-def test_shutdown_beside_a_stopped_rank_returns_after_its_deadline(np_, victim):
+def test_shutdown_beside_a_stopped_rank_returns_after_its_deadline(np_, victim, tmp_path):
     """The others call shutdown() while the victim is stopped: its barrier
     can never complete, so each gives up after the shutdown deadline (cut
     to 3 s by the script), saying so, instead of waiting forever; the
     victim, once continued, finds the coordinator shut down by them."""
     proc = mpirun(["tests/scripts/stopped_rank.py", "shutdown", str(victim), "6"],
-                  np_=np_, timeout=120)
+                  np_=np_, env={"REPORTS_DIR": str(tmp_path)}, timeout=120)
     out = proc.stdout + proc.stderr
     others = [r for r in range(np_) if r != victim]
     gave_up = ("no shutdown confirmation from rank 0 after 3 s" if victim == 0

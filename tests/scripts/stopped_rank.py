@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -31,8 +32,9 @@ MODE = sys.argv[1]
 VICTIM = int(sys.argv[2])
 RESUME = float(sys.argv[3]) if len(sys.argv) > 3 else 8.0
 STOP_AT = 20
-# After a fatal error the others stay a while before exiting (which ends the
-# job), so that the stopped rank, once continued, can report what it saw.
+# After a fatal error the others stay before exiting (which ends the job)
+# until the stopped rank, once continued, has reported what it saw (it
+# leaves a file saying so), or LINGER seconds at most.
 LINGER = RESUME + 4
 SHUTDOWN_DEADLINE = 3.0
 
@@ -59,6 +61,18 @@ class StopInCollective:
         return self.ops.run(*args, **kwargs)
 
 
+def reported():
+    """The victim has printed its outcome."""
+    with open(os.path.join(REPORTS, "victim"), "w"):
+        pass
+
+
+def linger():
+    deadline = time.monotonic() + LINGER
+    while time.monotonic() < deadline and not os.path.exists(os.path.join(REPORTS, "victim")):
+        time.sleep(0.05)
+
+
 def stopped(pid):
     """Whether process `pid` is stopped (state T in /proc/<pid>/stat)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -71,12 +85,15 @@ def shut_down_beside_a_stopped_rank(pids):
     start = time.monotonic()
     hvd.shutdown()
     print(f"RANK {me}: shut down after {time.monotonic() - start:.1f} s", flush=True)
-    time.sleep(LINGER)  # the victim, continued, reports before the job ends
+    linger()  # the victim, continued, reports before the job ends
     sys.exit(0)
 
 
 hvd.init()
 me = hvd.rank()
+# (The tests give a directory they remove; by hand, one in /tmp.)
+REPORTS = os.environ.get("REPORTS_DIR") or hvd.broadcast_object(
+    tempfile.mkdtemp(prefix="stopped-rank-") if me == 0 else None, name="reports")
 if MODE == "shutdown":
     background.SHUTDOWN_TIMEOUT = SHUTDOWN_DEADLINE
     pids = hvd.allgather(np.array([os.getpid()], np.int64), name="pids")
@@ -98,7 +115,10 @@ for step in range(200):
         print(f"RANK {me}: {type(exc).__name__} after {waited:.1f} s at step {step}: {exc}",
               flush=True)
         sys.stdout.flush()
-        time.sleep(LINGER)
+        if me == VICTIM:
+            reported()
+        else:
+            linger()
         break
     time.sleep(0.002)
 else:
