@@ -24,7 +24,7 @@ PEER_LEAVES = os.path.join(ROOT, "tests", "scripts", "chainer_peer_leaves.py")
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("op", ["gather_obj", "bcast_obj", "allgather", "alltoall", "recv_obj"])
+@pytest.mark.parametrize("op", ["gather_obj", "alltoall", "recv_obj"])  # one per way of waiting
 def test_a_rank_leaving_after_its_own_exception_fails_the_others_waiting_in_a_method(op):
     """Rank 1 raises while ranks 0 and 2 wait for it in `op`: they raise a
     ShutdownError naming its exception, where mpi4py's collectives (and
