@@ -87,7 +87,7 @@ class _MultiNodeCheckpointer(extension.Extension):
 
     def _common_iterations(self):
         mine = {it for rank, it in filter(None, map(self._parse, self.files))}
-        everyone = self.comm.mpi_comm.allgather(sorted(mine))
+        everyone = self.comm._allgather_obj(sorted(mine), self.comm._name("checkpoint"))
         common = set(everyone[0]).intersection(*map(set, everyone[1:]))
         return sorted(common)[-self.cp_interval:]
 

@@ -39,7 +39,7 @@ def mean_over_ranks(communicator, values, tag="eval"):
     """{key: mean over the communicator's ranks of values[key]}; arrays keep
     their shape and float dtype, scalars come back as NumPy scalars."""
     keys = sorted(values)
-    everyone = communicator.mpi_comm.allgather(keys)
+    everyone = communicator._allgather_obj(keys, communicator._name(f"{tag}.keys"))
     if any(k != keys for k in everyone):
         listing = "; ".join(f"rank {r}: {k}" for r, k in enumerate(everyone))
         raise ValueError(f"multi-node evaluator: ranks reported different keys ({listing})")
