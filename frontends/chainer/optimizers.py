@@ -89,7 +89,7 @@ class _DoubleBufferingOptimizer(_Wrapper):
             return
         self._own("_inflight", None)
         self.communicator._finish_mean_grad(pending)
-        self._own("_ready", {id(param): grad for param, grad, _, _ in pending})
+        self._own("_ready", {id(param): grad for param, grad, *_ in pending})
 
     def update(self, lossfun=None, *args, **kwds):
         target = self.target

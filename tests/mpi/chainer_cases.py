@@ -11,6 +11,7 @@ import tempfile
 import warnings
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import frontends.chainer as chainermn  # makes Chainer importable first
@@ -284,6 +285,38 @@ def case_multi_node_mean_grad_averages_and_zero_fills(hvd):
                 continue
             expected = sum(grads(r)[name] for r in range(n)) / n
             np.testing.assert_allclose(p.grad, expected, rtol=1e-12, err_msg=name)
+
+
+def case_debug_mode_raises_on_every_rank_when_averaged_gradients_diverge(hvd):
+    # ChainerMN's check under chainer.set_debug(True); here it names them.
+    model = chainer.links.Linear(2, 3)
+    model.W.grad = np.full((3, 2), np.nan if COMM.rank == 0 else 1.0, np.float32)
+    model.b.grad = np.ones(3, np.float32)
+    COMM.multi_node_mean_grad(model)  # not in debug mode: no check, as ChainerMN
+    assert np.isnan(model.W.grad).all()
+    chainer.set_debug(True)
+    try:
+        exc = expect_raises(ValueError, COMM.multi_node_mean_grad, model)
+        assert "Parameters diverged after allreduce." in str(exc) and "/W" in str(exc) \
+            and "/b" not in str(exc), str(exc)
+        buf = np.array([1.0, np.inf if COMM.rank == 1 else 0.0])
+        exc = expect_raises(ValueError, COMM._multi_node_mean, None, buf)  # batch norm's
+        assert "diverged" in str(exc)
+        model.W.grad[...] = 1.0
+        COMM.multi_node_mean_grad(model)  # finite: no error in debug mode either
+    finally:
+        chainer.set_debug(False)
+
+
+def case_config_is_also_an_attribute_as_in_chainermn(hvd):
+    assert COMM.batched_copy is True and COMM.get_config("batched_copy") is True
+    COMM.set_config("batched_copy", False)
+    assert COMM.batched_copy is False
+    COMM.batched_copy = True
+    assert COMM.get_config("batched_copy") is True
+    assert COMM.allreduce_grad_dtype is None
+    with pytest.raises(ValueError, match="only available at 'pure_nccl'"):
+        COMM.allreduce_grad_dtype = np.float16
 
 
 def case_allreduce_grad_is_the_deprecated_name(hvd):
@@ -747,6 +780,41 @@ def case_multi_node_iterator_shares_the_master_batches(hvd):
         assert_equal(xi, x[i])
         assert np.asarray(yi).dtype == np.int32 and int(yi) == y[i]
     assert it.epoch == 1 and it.is_new_epoch
+
+
+def case_multi_node_iterator_refuses_batches_it_cannot_send_on_every_rank(hvd):
+    actual = (chainer.iterators.SerialIterator(["ab", "cd", "ef"], 2, shuffle=False)
+              if COMM.rank == 0 else None)
+    it = chainermn.create_multi_node_iterator(actual, COMM)
+    exc = expect_raises(TypeError, it.next)
+    assert "cannot be sent" in str(exc), str(exc)
+
+
+def case_multi_node_iterator_state_saved_on_any_rank_loads_into_a_chainer_iterator(hvd):
+    # ChainerMN's serialize is collective and the other ranks save the
+    # master's state, its shuffled order included (they kept only counters).
+    master = 0
+    data = np.arange(12, dtype=np.float32)
+    actual = (chainer.iterators.SerialIterator(data, 4, shuffle=True)
+              if COMM.rank == master else None)
+    it = chainermn.create_multi_node_iterator(actual, COMM, rank_master=master)
+    for _ in range(4):  # into the second epoch (the next batch does not end it)
+        it.next()
+    saved = chainer.serializers.DictionarySerializer()
+    it.serialize(saved)
+    truth = COMM.bcast_obj((it.epoch_detail, it._order if COMM.rank != master
+                            else actual._state.order), root=master)
+    fresh = chainer.iterators.SerialIterator(data, 4, shuffle=True)
+    fresh.serialize(chainer.serializers.NpzDeserializer(saved.target))
+    assert fresh.epoch_detail == truth[0] == it.epoch_detail
+    np.testing.assert_array_equal(fresh._state.order, truth[1])
+    # Loading: every rank takes the master's state from the master's snapshot.
+    expected_next = COMM.bcast_obj(fresh.next() if COMM.rank == master else None, root=master)
+    master_saved = COMM.bcast_obj(saved.target, root=master)
+    it.serialize(chainer.serializers.NpzDeserializer(master_saved))
+    assert it.epoch_detail == truth[0]
+    got = it.next()
+    assert [float(v) for v in got] == [float(v) for v in expected_next]
 
 
 def case_create_mnbn_model_swaps_batch_normalization_and_keeps_its_state(hvd):

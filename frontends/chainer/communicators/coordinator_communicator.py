@@ -129,6 +129,20 @@ def _check_job(what):
     rt.check_running(what)
 
 
+def _ensure_all_finite(named_arrays):
+    """ChainerMN's check in Chainer's debug mode (chainer.set_debug(True)):
+    averaged values that are not finite raise its ValueError, here naming
+    them. Every rank holds the same averages, so every rank raises."""
+    import chainer
+
+    if not chainer.is_debug():
+        return
+    bad = [name for name, arr in named_arrays if not bool(_xp(arr).isfinite(arr).all())]
+    if bad:
+        raise ValueError("Parameters diverged after allreduce. (not finite: "
+                         f"{', '.join(bad)})")
+
+
 def _settle(handle):
     """Waits for a handle whose outcome no longer matters (its companion
     failed), so it is not left behind."""
@@ -226,6 +240,25 @@ class CoordinatorCommunicator(CommunicatorBase):
                 f"coordinator ranks {self._global}>")
 
     # -------------------------------------------------------------- config
+    @property
+    def batched_copy(self):
+        """ChainerMN's attribute for set_config('batched_copy') (packing is
+        the core's fusion here, whatever it says)."""
+        return self._batched_copy
+
+    @batched_copy.setter
+    def batched_copy(self, value):
+        self._batched_copy = bool(value)
+
+    @property
+    def allreduce_grad_dtype(self):
+        """pure_nccl's attribute for set_config('allreduce_grad_dtype')."""
+        return self._grad_dtype
+
+    @allreduce_grad_dtype.setter
+    def allreduce_grad_dtype(self, value):
+        self.set_config("allreduce_grad_dtype", value)
+
     def set_config(self, name, value=True, **kwargs):
         if name == "batched_copy":
             self._batched_copy = bool(value)  # packing is the core's fusion here
@@ -588,18 +621,19 @@ class CoordinatorCommunicator(CommunicatorBase):
                 # pure_nccl's allreduce_grad_dtype: reduce a cast copy, cast back
                 handle, _ = self._mean_async(grad.astype(self._grad_dtype),
                                              f"{self._prefix}.grad{name}")
-                pending.append((param, grad, handle, True))
+                pending.append((param, grad, handle, True, name))
                 continue
             handle, copy_back = self._mean_async(grad, f"{self._prefix}.grad{name}")
-            pending.append((param, grad, handle, copy_back))
+            pending.append((param, grad, handle, copy_back, name))
         return pending
 
     @staticmethod
     def _finish_mean_grad(pending):
-        for param, grad, handle, copy_back in pending:
+        for _, grad, handle, copy_back, _ in pending:
             result = hvd.synchronize(handle)
             if copy_back:
                 grad[...] = result
+        _ensure_all_finite([(name, grad) for _, grad, _, _, name in pending])
 
     def _grad_params(self, model, zero_fill):
         params = []
@@ -623,6 +657,7 @@ class CoordinatorCommunicator(CommunicatorBase):
         result = hvd.allreduce(src, op=hvd.Average, name=self._name("mean"),
                                process_set=self._ps)
         recvbuf[...] = result
+        _ensure_all_finite([("the mean", recvbuf)])
         return recvbuf
 
     # -------------------------------------------------------------- split

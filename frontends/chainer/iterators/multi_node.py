@@ -1,19 +1,49 @@
 """create_multi_node_iterator: one rank reads batches, every rank gets them.
 
 The master rank runs the real iterator. For each batch it broadcasts a small
-header (stop flag, epoch counters, the batch's layout) with bcast_obj, then
-each field of the batch, stacked over the examples, with the communicator's
-`bcast` (a coordinator broadcast). The other ranks rebuild the same list of
+header (stop flag, epoch counters, each field's shape and dtype) with
+bcast_obj, then every field of the batch, stacked over the examples, as
+coordinator broadcasts submitted together: two negotiated rounds a batch,
+under the same names every batch. The other ranks rebuild the same list of
 examples, with the same dtypes (ChainerMN's version casts to float32).
 Examples are arrays or scalars, or tuples of them, with equal shapes per
 field across a batch (what concat_examples also needs).
+
+`serialize` is collective, as ChainerMN's: every rank calls it at the same
+time, and the other ranks save the master's state (its order included), so
+any rank's snapshot loads into a Chainer iterator.
 """
 
 import numpy as np
 
 import chainer
+import coordinator as hvd
+from coordinator import dtypes as core_dtypes
 
 from frontends.chainer.iterators._wrapper import IteratorWrapper
+
+
+class _Recorder(chainer.serializer.Serializer):
+    """A serializer that changes nothing and keeps what it is given: the
+    (key, value) pairs an iterator's serialize() writes, in order."""
+
+    def __init__(self, prefix=""):
+        self.prefix = prefix
+        self.items = []
+
+    def __getitem__(self, key):
+        child = _Recorder(f"{self.prefix}{key}/")
+        child.items = self.items
+        return child
+
+    def __call__(self, key, value):
+        self.items.append((self.prefix + key,
+                           value.copy() if isinstance(value, np.ndarray) else value))
+        return value
+
+
+def _field_names(communicator, count):
+    return [f"{communicator._prefix}.mn_iterator.{i}" for i in range(count)]
 
 
 def _layout(batch):
@@ -33,6 +63,9 @@ def _layout(batch):
         if fields[-1].dtype == object:
             raise TypeError(f"multi-node iterator: field {i} holds Python objects; only "
                             "arrays and numbers can be sent")
+        if core_dtypes.info_for(fields[-1].dtype) is None:
+            raise TypeError(f"multi-node iterator: field {i} has dtype {fields[-1].dtype}, "
+                            f"which cannot be sent (supported: {core_dtypes.SUPPORTED_NAMES})")
     return is_tuple, fields
 
 
@@ -55,14 +88,32 @@ class _MultiNodeIteratorMaster(IteratorWrapper):
         except TypeError as exc:
             comm.bcast_obj(("error", str(exc)), root=self.rank_master)
             raise
-        header = ("batch", is_tuple, len(fields), it.epoch, it.is_new_epoch,
-                  it.current_position, it.epoch_detail, it.previous_epoch_detail)
+        header = ("batch", is_tuple, [(f.shape, f.dtype) for f in fields], it.epoch,
+                  it.is_new_epoch, it.current_position, it.epoch_detail,
+                  it.previous_epoch_detail)
         comm.bcast_obj(header, root=self.rank_master)
-        for field in fields:
-            comm.bcast(field, root=self.rank_master)
+        _broadcast_fields(comm, self.rank_master, fields)
         return batch
 
     next = __next__
+
+    def serialize(self, serializer):
+        """Collective: the other ranks take what the master's iterator holds
+        once it has saved (or loaded) its state."""
+        self.actual_iterator.serialize(serializer)
+        recorder = _Recorder()
+        self.actual_iterator.serialize(recorder)  # changes nothing: reads the state
+        self.communicator.bcast_obj(recorder.items, root=self.rank_master)
+
+
+def _broadcast_fields(comm, rank_master, fields):
+    """The master's fields into `fields` on every rank (submitted together)."""
+    root = comm._global[rank_master]
+    handles = [hvd.broadcast_async(f, root, name=name, process_set=comm.process_set,
+                                   output=f)
+               for f, name in zip(fields, _field_names(comm, len(fields)))]
+    for handle in handles:
+        hvd.synchronize(handle)
 
 
 class _MultiNodeIteratorSlave(chainer.dataset.iterator.Iterator):
@@ -75,6 +126,7 @@ class _MultiNodeIteratorSlave(chainer.dataset.iterator.Iterator):
         self.current_position = 0
         self._epoch_detail = 0.0
         self._previous_epoch_detail = None
+        self._order = None  # the master's, as of the last serialize
 
     def __next__(self):
         header = self.communicator.bcast_obj(None, root=self.rank_master)
@@ -82,10 +134,10 @@ class _MultiNodeIteratorSlave(chainer.dataset.iterator.Iterator):
             raise StopIteration
         if header[0] == "error":
             raise TypeError(f"{header[1]} (on the master rank {self.rank_master})")
-        (_, is_tuple, n_fields, self.epoch, self.is_new_epoch, self.current_position,
+        (_, is_tuple, layout, self.epoch, self.is_new_epoch, self.current_position,
          self._epoch_detail, self._previous_epoch_detail) = header
-        fields = [self.communicator.bcast(None, root=self.rank_master)
-                  for _ in range(n_fields)]
+        fields = [np.empty(shape, dtype) for shape, dtype in layout]
+        _broadcast_fields(self.communicator, self.rank_master, fields)
         return list(zip(*fields)) if is_tuple else list(fields[0])
 
     next = __next__
@@ -102,9 +154,21 @@ class _MultiNodeIteratorSlave(chainer.dataset.iterator.Iterator):
         """The master's iterator decides where reading starts."""
 
     def serialize(self, serializer):
-        self.epoch = serializer("epoch", self.epoch)
-        self.is_new_epoch = serializer("is_new_epoch", self.is_new_epoch)
-        self.current_position = serializer("current_position", self.current_position)
+        """Collective (see the module): saves the master's state under its
+        iterator's keys, and takes it as this rank's."""
+        items = self.communicator.bcast_obj(None, root=self.rank_master)
+        for key, value in items:
+            try:
+                serializer(key, value.copy() if isinstance(value, np.ndarray) else value)
+            except KeyError:  # loading a snapshot that lacks it (Chainer allows some)
+                pass
+        state = dict(items)
+        self.epoch = state.get("epoch", self.epoch)
+        self.is_new_epoch = state.get("is_new_epoch", self.is_new_epoch)
+        self.current_position = state.get("current_position", self.current_position)
+        self._previous_epoch_detail = state.get("previous_epoch_detail",
+                                                self._previous_epoch_detail)
+        self._order = state.get("order", state.get("_order"))
 
 
 def create_multi_node_iterator(actual_iterator, communicator, rank_master=0):
