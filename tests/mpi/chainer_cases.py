@@ -757,6 +757,18 @@ def case_synchronized_iterator_gives_every_rank_the_same_shuffled_batches(hvd):
 
 
 def case_multi_node_iterator_shares_the_master_batches(hvd):
+    from frontends.chainer.iterators import multi_node
+
+    inline = multi_node.INLINE_BYTES
+    try:
+        for limit in (inline, 0):  # inside the header, then as broadcasts after it
+            multi_node.INLINE_BYTES = limit
+            _shares_the_master_batches()
+    finally:
+        multi_node.INLINE_BYTES = inline
+
+
+def _shares_the_master_batches():
     master = COMM.size - 1
     x = np.arange(30, dtype=np.float32).reshape(10, 3)
     y = np.arange(10, dtype=np.int32) % 3

@@ -1,10 +1,11 @@
 """create_multi_node_iterator: one rank reads batches, every rank gets them.
 
-The master rank runs the real iterator. For each batch it broadcasts a small
-header (stop flag, epoch counters, each field's shape and dtype) with
-bcast_obj, then every field of the batch, stacked over the examples, as
-coordinator broadcasts submitted together: two negotiated rounds a batch,
-under the same names every batch. The other ranks rebuild the same list of
+The master rank runs the real iterator. For each batch it broadcasts a
+header (stop flag, epoch counters) with bcast_obj, and the batch's fields,
+stacked over the examples: inside the header when they are small (at most
+INLINE_BYTES: one negotiated round a batch), else as coordinator broadcasts
+submitted together after it, the header giving their shapes and dtypes (two
+rounds, without pickling the data). The other ranks rebuild the same list of
 examples, with the same dtypes (ChainerMN's version casts to float32).
 Examples are arrays or scalars, or tuples of them, with equal shapes per
 field across a batch (what concat_examples also needs).
@@ -40,6 +41,13 @@ class _Recorder(chainer.serializer.Serializer):
         self.items.append((self.prefix + key,
                            value.copy() if isinstance(value, np.ndarray) else value))
         return value
+
+
+# Batches up to this size travel pickled inside the header. An MNIST batch of
+# 32 (100 KB), np=2, here: 0.64-0.70 ms a batch with a shape exchange per
+# field (before 58db13f), 0.87-0.90 ms as a header then one round of
+# broadcasts, 0.48-0.64 ms inline.
+INLINE_BYTES = 1 << 20
 
 
 def _field_names(communicator, count):
@@ -88,11 +96,14 @@ class _MultiNodeIteratorMaster(IteratorWrapper):
         except TypeError as exc:
             comm.bcast_obj(("error", str(exc)), root=self.rank_master)
             raise
-        header = ("batch", is_tuple, [(f.shape, f.dtype) for f in fields], it.epoch,
+        inline = sum(f.nbytes for f in fields) <= INLINE_BYTES
+        header = ("batch", is_tuple, inline,
+                  fields if inline else [(f.shape, f.dtype) for f in fields], it.epoch,
                   it.is_new_epoch, it.current_position, it.epoch_detail,
                   it.previous_epoch_detail)
         comm.bcast_obj(header, root=self.rank_master)
-        _broadcast_fields(comm, self.rank_master, fields)
+        if not inline:
+            _broadcast_fields(comm, self.rank_master, fields)
         return batch
 
     next = __next__
@@ -134,10 +145,13 @@ class _MultiNodeIteratorSlave(chainer.dataset.iterator.Iterator):
             raise StopIteration
         if header[0] == "error":
             raise TypeError(f"{header[1]} (on the master rank {self.rank_master})")
-        (_, is_tuple, layout, self.epoch, self.is_new_epoch, self.current_position,
+        (_, is_tuple, inline, layout, self.epoch, self.is_new_epoch, self.current_position,
          self._epoch_detail, self._previous_epoch_detail) = header
-        fields = [np.empty(shape, dtype) for shape, dtype in layout]
-        _broadcast_fields(self.communicator, self.rank_master, fields)
+        if inline:
+            fields = layout
+        else:
+            fields = [np.empty(shape, dtype) for shape, dtype in layout]
+            _broadcast_fields(self.communicator, self.rank_master, fields)
         return list(zip(*fields)) if is_tuple else list(fields[0])
 
     next = __next__
