@@ -89,6 +89,12 @@ class Config:
     # collectives in different orders), those operations fail with a
     # StallError naming each rank's wait. 0: wait (and warn), as Horovod does.
     deadlock_time: float = 120.0
+    # COORDINATOR_EXIT_AFTER_ERROR_SECONDS: a rank leaving after an uncaught
+    # exception ends itself (SIGALRM) if exiting takes longer than this:
+    # MPI_Finalize waits for every rank, and one blocked in an MPI call of
+    # its own, outside the coordinator, would hold it (and the job) for good.
+    # 0: wait, as Horovod does.
+    exit_after_error_time: float = 30.0
     log_level: str = "warning"
     log_hide_time: bool = False
     hierarchical_allreduce: bool = False
@@ -158,6 +164,8 @@ class Config:
                                      cls.silent_rank_time, float, 0.0),
             deadlock_time=_number(env, "COORDINATOR_DEADLOCK_SECONDS",
                                   cls.deadlock_time, float, 0.0),
+            exit_after_error_time=_number(env, "COORDINATOR_EXIT_AFTER_ERROR_SECONDS",
+                                          cls.exit_after_error_time, float, 0.0),
             log_level=level,
             log_hide_time=_bool(env, "HOROVOD_LOG_HIDE_TIME", False),
             hierarchical_allreduce=_bool(env, "HOROVOD_HIERARCHICAL_ALLREDUCE", False),

@@ -10,7 +10,9 @@ using several frameworks still runs one background thread.
 import atexit
 import contextlib
 import logging
+import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -418,3 +420,19 @@ def _at_exit():
     exc = _state["uncaught"]
     stop(f"is exiting after an uncaught {_exception_text(type(exc), exc)}" if exc is not None
          else "")
+    if exc is not None:
+        _bound_exit(rt.config.exit_after_error_time)
+
+
+def _bound_exit(seconds):
+    """After an uncaught exception: the others were told (stop), and those
+    waiting in the coordinator fail; but MPI_Finalize, at exit after this,
+    waits for every rank, and one blocked in an MPI call of its own (say a
+    ChainerMN user's comm.mpi_comm.Barrier()) would hold this process, and
+    the job, for good. SIGALRM at its default action ends this process if
+    exiting takes longer than `seconds`; the launcher then ends the job.
+    (A signal, not a thread: Python may not run a thread by then.)"""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(max(1, int(math.ceil(seconds))))

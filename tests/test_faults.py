@@ -265,3 +265,20 @@ def test_a_rank_stopped_joining_an_nccl_communicator_is_named_not_its_peers(wher
     assert "has not answered" not in out.replace("rank 1 has not answered", ""), out
     for rank in range(3):
         assert f"RANK {rank}: done" in out, out
+
+
+@pytest.mark.mpi
+def test_a_rank_leaving_after_its_exception_beside_a_raw_mpi_wait_ends_the_job():
+    """Rank 1 waits in MPI outside the coordinator (where nothing can tell it
+    that rank 0 is gone) while rank 0 leaves after an uncaught exception:
+    rank 0 no longer waits in MPI_Finalize for good, it ends itself after
+    COORDINATOR_EXIT_AFTER_ERROR_SECONDS, and the launcher ends the job."""
+    start = time.monotonic()
+    proc = mpirun(["tests/scripts/raise_beside_raw_mpi.py"], np_=2,
+                  env={"COORDINATOR_EXIT_AFTER_ERROR_SECONDS": "2"}, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "ValueError: a bug in rank 0's training" in out, out
+    assert "signal 14" in out or "Alarm clock" in out, out
+    assert "passed the barrier" not in out, out
+    assert time.monotonic() - start < 60, out
