@@ -32,8 +32,9 @@ log = logging.getLogger("coordinator")
 
 _lock = threading.RLock()
 _runtime = None
+# mpi_defaults: whether MPI was given _mpi_defaults before it started
 _state = {"shut_down": False, "atexit": False, "uncaught": None, "excepthook": False,
-          "resetting": False, "mpi_defaults": False}  # whether MPI was given _mpi_defaults before it started
+          "resetting": False, "mpi_defaults": False}
 
 
 def current():

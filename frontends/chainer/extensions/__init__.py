@@ -12,5 +12,6 @@ from frontends.chainer.extensions.observation_aggregator import ObservationAggre
 
 # (_multi_node_snapshot is ChainerMN's module name; its tests import it.)
 __all__ = ["_multi_node_snapshot", "AllreducePersistent", "create_multi_node_checkpointer",
-           "create_multi_node_evaluator", "GenericMultiNodeEvaluator", "ObservationAggregator", "multi_node_snapshot",
+           "create_multi_node_evaluator", "GenericMultiNodeEvaluator", "ObservationAggregator",
+           "multi_node_snapshot",
            "MultiNodeEarlyStoppingTrigger", "create_multi_node_early_stopping_trigger"]
