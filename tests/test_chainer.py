@@ -88,6 +88,20 @@ for sub in ("", "communicators", "datasets", "extensions", "functions", "iterato
             continue  # what ChainerMN imported (e.g. its `warnings`)
         if not hasattr(mine, name):
             missing.append(f"{sub}.{name}" if sub else name)
+import importlib
+import pkgutil
+
+for info in pkgutil.iter_modules(chainermn.communicators.__path__):
+    if not info.name.startswith("_"):  # its communicators' module paths
+        importlib.import_module(f"chainermn.communicators.{info.name}")
+for name in dir(chainermn.communicators):
+    value = getattr(chainermn.communicators, name)
+    if isinstance(value, types.ModuleType) and not name.startswith("_") \
+            and value.__name__.startswith("chainermn."):
+        for cls in [v for v in vars(value).values() if isinstance(v, type)
+                    and v.__module__ == value.__name__ and not v.__name__.startswith("_")]:
+            if not hasattr(getattr(ours.communicators, name, None), cls.__name__):
+                missing.append(f"communicators.{name}.{cls.__name__}")
 for name in dir(chainermn.CommunicatorBase):  # the methods a communicator offers
     if not name.startswith("_") and not hasattr(ours.CommunicatorBase, name):
         missing.append(f"CommunicatorBase.{name}")

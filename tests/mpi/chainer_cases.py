@@ -319,6 +319,24 @@ def case_config_is_also_an_attribute_as_in_chainermn(hvd):
         COMM.allreduce_grad_dtype = np.float16
 
 
+def case_communicator_classes_and_module_paths_are_chainermns(hvd):
+    comms = chainermn.communicators
+    assert isinstance(COMM, comms.naive_communicator.NaiveCommunicator)
+    assert isinstance(COMM, comms.mpi_communicator_base.MpiCommunicatorBase)
+    assert isinstance(COMM, chainermn.CommunicatorBase)
+    direct = comms.naive_communicator.NaiveCommunicator(mpi_comm=MPI.COMM_WORLD)  # as its tests
+    assert direct.name == "naive"
+    assert_equal(direct.allreduce(np.ones(2)), np.full(2, float(direct.size)))
+    half = direct.split(direct.rank % 2, direct.rank)
+    assert isinstance(half, comms.naive_communicator.NaiveCommunicator)
+    assert comms.dummy_communicator.DummyCommunicator(MPI.COMM_WORLD).name == "dummy"
+    from coordinator import gpu
+
+    if not gpu.probe()[0]:  # as ChainerMN's, a GPU one checks that it can run
+        expect_raises(RuntimeError, comms.pure_nccl_communicator.PureNcclCommunicator,
+                      MPI.COMM_WORLD)
+
+
 def case_allreduce_grad_is_the_deprecated_name(hvd):
     model = make_model(seed=0)
     for _, p in model.namedparams():

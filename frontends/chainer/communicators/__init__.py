@@ -81,13 +81,24 @@ def create_communicator(communicator_name="pure_nccl", mpi_comm=None, **kwargs):
         from mpi4py import MPI
 
         mpi_comm = MPI.COMM_WORLD
-    kind = DummyCommunicator if communicator_name == "dummy" else CoordinatorCommunicator
+    kind = _named.BY_NAME.get(communicator_name, CoordinatorCommunicator)
     comm = kind(mpi_comm, name=communicator_name)
     comm.set_config("batched_copy", batched_copy)
     if grad_dtype is not None:
         comm.set_config("allreduce_grad_dtype", grad_dtype)
     return comm
 
+
+# ChainerMN's module paths and classes (after the functions their GPU
+# classes call): chainermn.communicators.naive_communicator.NaiveCommunicator,
+# ... mpi_communicator_base.MpiCommunicatorBase.
+from frontends.chainer.communicators import _named  # noqa: E402
+from frontends.chainer.communicators import (  # noqa: E402
+    dummy_communicator, flat_communicator, mpi_communicator_base, naive_communicator,
+    non_cuda_aware_communicator, pure_nccl_communicator)
+
 __all__ = ["CommunicatorBase", "CoordinatorCommunicator", "DummyCommunicator",
            "create_communicator",
-           "GPU_COMMUNICATORS", "CPU_COMMUNICATORS"]
+           "GPU_COMMUNICATORS", "CPU_COMMUNICATORS", "dummy_communicator", "flat_communicator",
+           "mpi_communicator_base", "naive_communicator", "non_cuda_aware_communicator",
+           "pure_nccl_communicator"]

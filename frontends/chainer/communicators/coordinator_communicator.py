@@ -704,6 +704,9 @@ class DummyCommunicator(CoordinatorCommunicator):
     left as they are, with no communication (it measures everything but the
     communication). Every other method is the coordinator's."""
 
+    def __init__(self, mpi_comm, name="dummy", _process_set=None, _prefix=None):
+        super().__init__(mpi_comm, name=name, _process_set=_process_set, _prefix=_prefix)
+
     def multi_node_mean_grad(self, model, zero_fill=False):
         self._check_open("multi_node_mean_grad")
         for name, param in self._grad_params(model, zero_fill):
