@@ -52,6 +52,15 @@ def _gpu_error(name, missing):
         "the coordinator's fusion, response cache and timeline.")
 
 
+def _check_can_run(name):
+    """Raises the RuntimeError of a GPU communicator that cannot run here
+    (create_communicator, and ChainerMN's classes constructed directly)."""
+    if name in GPU_COMMUNICATORS:
+        missing = _gpu_state(name)
+        if missing is not None:
+            raise _gpu_error(name, missing)
+
+
 def create_communicator(communicator_name="pure_nccl", mpi_comm=None, **kwargs):
     """A ChainerMN communicator over `mpi_comm` (default: MPI.COMM_WORLD).
 
@@ -73,10 +82,7 @@ def create_communicator(communicator_name="pure_nccl", mpi_comm=None, **kwargs):
         known = ", ".join(repr(n) for n in CPU_COMMUNICATORS + tuple(GPU_COMMUNICATORS))
         raise ValueError(f'Unrecognized communicator: "{communicator_name}" (known: {known})')
     grad_dtype = check_grad_dtype(allreduce_grad_dtype)
-    if communicator_name in GPU_COMMUNICATORS:
-        missing = _gpu_state(communicator_name)
-        if missing is not None:
-            raise _gpu_error(communicator_name, missing)
+    _check_can_run(communicator_name)
     if mpi_comm is None:
         from mpi4py import MPI
 

@@ -12,12 +12,9 @@ class _Named(CoordinatorCommunicator):
 
     def __init__(self, mpi_comm, name=None, _process_set=None, _prefix=None):
         name = name or self.NAME
-        if name != "naive" and name != "dummy":
-            from frontends.chainer.communicators import _gpu_error, _gpu_state
+        from frontends.chainer.communicators import _check_can_run
 
-            missing = _gpu_state(name)
-            if missing is not None:
-                raise _gpu_error(name, missing)
+        _check_can_run(name)
         super().__init__(mpi_comm, name=name, _process_set=_process_set, _prefix=_prefix)
 
 
