@@ -1,9 +1,13 @@
 """Process sets on 2-4 ranks (cases: tests/mpi/process_set_cases.py,
 tests/mpi/dynamic_set_cases.py and tests/mpi/split_set_cases.py)."""
 
+import os
+
 import pytest
 
-from mpi_harness import CaseResults, case_names
+from mpi_harness import CaseResults, case_names, mpirun
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 STATIC = CaseResults("tests/mpi/process_set_cases.py")
 SPLIT = CaseResults("tests/mpi/split_set_cases.py")
@@ -29,3 +33,17 @@ def test_dynamic_process_sets(case, np_):
 @pytest.mark.parametrize("case", case_names("tests/mpi/split_set_cases.py"))
 def test_sets_from_split_communicators(case, np_):
     SPLIT.check(case, np_)
+
+
+@pytest.mark.mpi
+def test_sets_registered_back_to_back_get_their_communicators_whatever_a_later_one_waits_for():
+    """X = {0, 1, 2} then Y = {0, 2, 3}, rank 3 coming to Y only once X is
+    made: made in a thread each, Open MPI's Create_group calls blocked each
+    other and X never finished now and then (2 of 3 jobs of 16 rounds); made
+    in order, every round finishes (tests/scripts/communicators_in_order.py)."""
+    run = mpirun([os.path.join(SCRIPTS, "communicators_in_order.py"), "60", "16"], np_=4,
+                 timeout=120)
+    out = run.stdout + run.stderr
+    assert sorted(line for line in out.splitlines() if line[:3] in ("OK ", "STU")) == [
+        f"OK {r}" for r in range(4)], out[-3000:]
+    assert run.returncode == 0, out[-3000:]

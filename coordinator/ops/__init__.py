@@ -40,16 +40,18 @@ def create_backends(config, world, members, buffers, timeline, rank, topology, c
     which device backends agree on their communicators' ids."""
     from coordinator.ops.adasum import AdasumOps
     from coordinator.ops.hierarchical import HierarchicalAllreduce
-    from coordinator.ops.mpi_ops import Communicators, MPIOps
+    from coordinator.ops.mpi_ops import Communicators, InOrder, MPIOps
     from coordinator.ops.torus import TorusAllreduce
 
-    comms = Communicators(world, members)
+    order = InOrder()  # the host and device lanes' sets, made in one order
+    comms = Communicators(world, members, order=order)
     algorithms = []
     if config.torus_allreduce:
         algorithms.append(TorusAllreduce(comms, topology))
     if config.hierarchical_allreduce:
         algorithms.append(HierarchicalAllreduce(comms, topology))
-    backends = _device_backends(config, world, members, buffers, timeline, rank, topology)
+    backends = _device_backends(config, world, members, buffers, timeline, rank, topology,
+                                order)
     backends.append(AdasumOps(comms, timeline))
     backends.append(MPIOps(comms, buffers, timeline, rank, algorithms, config.segment_bytes))
     return OperationManager(backends)
@@ -68,7 +70,8 @@ def device_plan(gpu_ok, nccl_ok, cuda_aware):
             f"is unavailable ({aware})")
 
 
-def _device_backends(config, world, members, buffers, timeline, rank, topology=None):
+def _device_backends(config, world, members, buffers, timeline, rank, topology=None,
+                     order=None):
     """The backends for device tensors, or none where they cannot arrive (no
     CuPy, no GPU). Imports CuPy only where it is installed."""
     from coordinator import gpu
@@ -87,7 +90,7 @@ def _device_backends(config, world, members, buffers, timeline, rank, topology=N
     log.info("rank %d: %s; %s%s", rank, found, plan, f" ({why_not})" if why_not else "")
     # The device lanes' own communicators and buffers: they run beside the
     # host lanes of the same sets (see mpi_ops.Communicators).
-    comms = Communicators(world, members, tag=DEVICE_SET_TAG, reuse_world=False)
+    comms = Communicators(world, members, tag=DEVICE_SET_TAG, reuse_world=False, order=order)
     host = OperationManager([AdasumOps(comms, timeline),
                              MPIOps(comms, FusionBuffers(buffers.limit), timeline, rank, (),
                                     config.segment_bytes)])

@@ -33,6 +33,7 @@ broadcast per rank, an alltoall into point-to-point pieces, a reducescatter
 into an allreduce.
 """
 
+import collections
 import ctypes
 import threading
 
@@ -85,10 +86,13 @@ class Communicators:
     run side by side, and collectives on one communicator must start in the
     same order on every member."""
 
-    def __init__(self, world, members, tag=SET_TAG, reuse_world=True):
+    def __init__(self, world, members, tag=SET_TAG, reuse_world=True, order=None):
         self.world = world
         self.members = members  # process set id -> its global ranks
         self.tag = tag
+        # Sets' communicators are made one at a time, in the order asked
+        # (InOrder), shared by every Communicators of `world`.
+        self.order = order if order is not None else InOrder()
         self._comms = {0: world} if reuse_world else {}
         self._making = {}  # process set id -> Making under way
 
@@ -139,7 +143,8 @@ class Communicators:
                 raise RuntimeError(f"this rank holds no communicator for process set "
                                    f"{process_set_id}")
             tag = self.tag + process_set_id
-            making = self._making[process_set_id] = Making(lambda: self.group(ranks, tag))
+            making = self._making[process_set_id] = self.order.make(
+                lambda: self.group(ranks, tag))
         return making
 
     def _take(self, process_set_id, making):
@@ -204,14 +209,16 @@ class Communicators:
 class Making:
     """A communicator being made in a helper thread (an MPI one here, an NCCL
     one in nccl_ops), for calls that block until every member makes it;
-    `ready()` like a request's."""
+    `ready()` like a request's. `start=False`: the caller runs it (InOrder)."""
 
-    def __init__(self, make):
+    def __init__(self, make, start=True):
         self.comm = None
         self.error = None
         self.done = threading.Event()
-        threading.Thread(target=self._run, args=(make,), name="coordinator-communicator",
-                         daemon=True).start()
+        self.make = make
+        if start:
+            threading.Thread(target=self._run, args=(make,), name="coordinator-communicator",
+                             daemon=True).start()
 
     def _run(self, make):
         try:
@@ -242,6 +249,47 @@ class Making:
         if self.error is not None:
             raise self.error
         return self.comm
+
+
+class InOrder:
+    """Makes sets' communicators one at a time, in the order asked, in one
+    helper thread. Every member asks for a set's communicators at the same
+    point (its registration, in the order rounds run), so each rank's order
+    is the same as its peers' and no member waits on another's later set.
+
+    Made at once in a thread each, they could wait for ever: Open MPI 5.0
+    lets MPI_Comm_create_group calls started together on one parent block
+    each other. Sets X = {0, 1, 2} and then Y = {0, 2, 3} (a host and a
+    device-lane communicator each): X never finished on its members while
+    Y waited for rank 3, which could only come once X's work had run
+    (tests/scripts/communicators_in_order.py; found by the random
+    collectives with a fake GPU and sets added at run time)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._queue = collections.deque()
+        self._running = False
+
+    def make(self, make):
+        """A Making for `make()`, run once those asked before it are made."""
+        making = Making(make, start=False)
+        with self._lock:
+            self._queue.append(making)
+            if self._running:
+                return making
+            self._running = True
+        threading.Thread(target=self._run, name="coordinator-communicators",
+                         daemon=True).start()
+        return making
+
+    def _run(self):
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._running = False
+                    return
+                making = self._queue.popleft()
+            making._run(making.make)
 
 
 def mpi_cuda_aware(maps="/proc/self/maps"):
