@@ -37,17 +37,24 @@ class Owed:
 
     def pay(self, e, paid_groups):
         """The notice submitted entry `e` fails with, or None where it owes
-        nothing (a refusal owes nothing: it only tells rank 0). The entries
-        of one group's batch share its notice: `paid_groups`, one dict for
-        the entries submitted together, remembers the notice a batch paid
-        with."""
-        if e.rejected:
-            return None
+        nothing. The entries of one group's batch share its notice:
+        `paid_groups`, one dict for the entries submitted together,
+        remembers the notice a batch paid with.
+
+        A refusal pays too: it is this rank's copy of the operation that
+        failed, so it stays here. Sent on, rank 0 took it for a refusal of
+        the next copy, and failed the other ranks' next submission of that
+        name with this rank's old reason (two ranks refusing an alltoall
+        of one name a moment apart failed every later valid one). A group's
+        refusal stands for its whole instance: the next instance, perhaps
+        submitted together with it, does not share its notice."""
         if e.key in self._by_key:
             return _pop(self._by_key, e.key)
         if not e.group:
             return None
         gkey = (e.key[0], e.group)
+        if e.rejected:
+            return _pop(self._by_group, gkey) if gkey in self._by_group else None
         notice = paid_groups.get(gkey)
         if notice is None and gkey in self._by_group:
             notice = paid_groups[gkey] = _pop(self._by_group, gkey)

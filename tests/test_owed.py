@@ -29,12 +29,25 @@ def test_each_notice_fails_one_later_submission_of_its_name():
     assert not owed and owed.pay(_entry("x"), {}) is None  # paid: the next one runs
 
 
-def test_a_refusal_owes_nothing():
-    """A refused copy only tells rank 0 why; it never took part."""
+def test_a_refusal_pays_what_its_copy_owes():
+    """A refused copy is this rank's copy of the operation that failed: it
+    pays, and the next real copy runs. (Sent on to rank 0 instead, it
+    failed the others' next copy with this rank's old reason.)"""
     owed = Owed()
     owed.owe(_notice("x"))
-    assert owed.pay(_entry("x", rejected="bad dtype"), {}) is None
-    assert owed  # still owed by the next real copy
+    assert owed.pay(_entry("x", rejected="bad dtype"), {}) is not None
+    assert not owed and owed.pay(_entry("x"), {}) is None
+    assert owed.pay(_entry("x", rejected="bad dtype"), {}) is None  # nothing owed: told
+
+
+def test_a_groups_refusal_pays_for_its_instance_alone():
+    """The refusal and the group's next instance may be drained together:
+    the next instance does not share the refusal's notice."""
+    owed = Owed()
+    owed.owe(_notice(group="g", error="refused"))
+    batch = {}
+    assert owed.pay(_entry("g", "g", 2, rejected="bad dtype"), batch).error == "refused"
+    assert [owed.pay(_entry(n, "g", 2), batch) for n in ("a", "b")] == [None, None]
 
 
 def test_a_groups_batch_pays_one_notice_together():

@@ -140,3 +140,38 @@ def case_nan_scale_factors_on_every_rank_agree(hvd):
                                  name="nan.post")
     assert all(np.isnan(o).all() for o in outs)
     _then_the_job_goes_on(hvd, "after.nan")
+
+
+def _owing(hvd):
+    """Waits until rank 0's refusal has reached this rank as a debt (its
+    background thread holds the notice), as a rank a moment late does."""
+    from coordinator import runtime
+
+    bg = runtime.current().background
+    deadline = time.monotonic() + PROMPT
+    while not bg.owed and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert bg.owed, "rank 0's refusal never reached this rank"
+
+
+def case_every_rank_refusing_a_moment_apart_leaves_the_next_copy_whole(hvd):
+    """Rank 0 refuses first and submits the name's next copy at once; the
+    others refuse theirs after hearing of rank 0's. Their refusals are
+    their copies of the failed operation: they stay here, where they used
+    to reach rank 0 and fail rank 0's next copy with their old reason."""
+    n, me = hvd.size(), hvd.rank()
+    for step in range(3):
+        if me:
+            _owing(hvd)
+        expect_raises(ValueError, hvd.alltoall, np.ones(n + 1), name="late.a")
+        out = hvd.alltoall(np.full(n, float(me + step)), name="late.a")
+        assert_equal(out, np.arange(n, dtype=np.float64) + step)
+    for step in range(3):
+        if me:
+            _owing(hvd)
+        expect_raises(ValueError, hvd.grouped_allreduce,
+                      [np.ones(2), np.ones(2, np.complex128)], name="late.g")
+        out = hvd.grouped_allreduce([np.ones(2), np.full(3, float(step))], op=hvd.Sum,
+                                    name="late.g")
+        assert_equal(out[1], np.full(3, float(n * step)))
+    _then_the_job_goes_on(hvd, "after.late")
