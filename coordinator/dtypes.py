@@ -30,6 +30,7 @@ class DTypeInfo:
 
 _INFOS = [
     DTypeInfo(np.uint8, pb.UINT8),
+    DTypeInfo(np.uint16, pb.UINT16),
     DTypeInfo(np.int8, pb.INT8),
     DTypeInfo(np.int16, pb.INT16),
     DTypeInfo(np.int32, pb.INT32),

@@ -85,7 +85,7 @@ FLAG_FRESH = 8
 RIDER_ELEMENTS = 16
 RIDER_DTYPES = frozenset(
     dtypes.BY_DTYPE[np.dtype(t)].wire
-    for t in ("float32", "float64", "int8", "int16", "int32", "uint8"))
+    for t in ("float32", "float64", "int8", "int16", "int32", "uint8", "uint16"))
 
 
 def rider_elements(signature):

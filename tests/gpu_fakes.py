@@ -300,7 +300,8 @@ static inline bits16 store_float16(float f) {
 }
 """
 
-KERNEL_PAIRS = [(k, k) for k in device_fusion._KINDS] + [("int16", "int32")]
+KERNEL_PAIRS = [(k, k) for k in device_fusion._KINDS] + [("int16", "int32"),
+                                                          ("uint16", "int32")]
 
 
 class HostKernels:

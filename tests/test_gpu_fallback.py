@@ -740,7 +740,8 @@ def test_nccl_reducescatter_allgather_broadcast_alltoall_at_one_rank(host_kernel
 
 
 # ---------------------------------------------------------- fusion kernels
-_KIND_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32,
+_KIND_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
+                "int32": np.int32,
                 "int64": np.int64, "float16": np.float16, "float32": np.float32,
                 "float64": np.float64, "bfloat16": BF16}
 
@@ -959,7 +960,7 @@ def case_every_op_on_device_arrays(hvd):
     n, me = hvd.size(), hvd.rank()
     expect = "nccl" if os.environ.get("FAKE_NCCL") == "1" else "mpi-staged"
     assert _backend(hvd) == expect, _backend(hvd)
-    dtypes_ = [np.int16, np.int32, np.float32, np.float64]
+    dtypes_ = [np.int16, np.uint16, np.int32, np.float32, np.float64]
     for dtype in dtypes_:
         x = [np.arange(6, dtype=dtype).reshape(2, 3) + r for r in range(n)]
         out = hvd.allreduce(FakeDeviceArray.of(x[me]), op=hvd.Sum, name=f"ar.{dtype.__name__}")

@@ -222,3 +222,25 @@ def test_without_cupy_gpu_tensors_are_copied_to_the_host(monkeypatch):
     monkeypatch.setattr(bridge, "_core_takes_devices", lambda: False)
     (array,) = bridge.as_arrays([tf.constant([1.0, 2.0])])
     assert isinstance(array, np.ndarray) and array.tolist() == [1.0, 2.0]
+
+
+def test_util_is_horovods_helpers_module():
+    """`hvd.util` exists, as `horovod.tensorflow.util` does (Horovod's own
+    TF tests call hvd.util._executing_eagerly())."""
+    import keras
+
+    import frontends.tensorflow as hvd
+    from frontends.tensorflow import util
+
+    assert hvd.util is util and util._executing_eagerly() is True
+    assert tf.function(lambda: tf.constant(util._executing_eagerly()))().numpy() == False  # noqa: E712
+    variables = [tf.Variable(1.0), [tf.Variable(2.0), keras.Variable(3.0)]]
+    refs = hvd.vars_to_refs(variables)
+    assert len({refs, hvd.vars_to_refs(variables)}) == 1
+    back = hvd.refs_to_vars(refs)
+    assert back[0] is variables[0] and back[1][0] is variables[1][0]
+    assert back[1][1] is variables[1][1]
+    calls = []
+    twice = hvd._cache(lambda x: calls.append(x) or x * 2)
+    assert twice(3) == 6 and twice(3) == 6 and calls == [3]
+    assert float(hvd._make_subgraph(lambda: tf.constant(2.0) * 3)()) == 6.0

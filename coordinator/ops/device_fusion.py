@@ -54,6 +54,7 @@ _KINDS = {
     "int8": ("signed char", "double", "(double)({})", "(signed char)({})"),
     "uint8": ("unsigned char", "double", "(double)({})", "(unsigned char)({})"),
     "int16": ("short", "double", "(double)({})", "(short)({})"),
+    "uint16": ("unsigned short", "double", "(double)({})", "(unsigned short)({})"),
     "int32": ("int", "double", "(double)({})", "(int)({})"),
     "int64": ("long long", "double", "(double)({})", "(long long)({})"),
     "float16": ("bits16", "float", "load_float16({})", "store_float16({})"),

@@ -41,9 +41,9 @@ host; the second's NCCL_<OP> on the timeline then includes the time it
 queued behind the first (its device phases, timed by CUDA events, do not).
 
 Dtypes: NCCL reduces int8, uint8, int32, int64, float16, bfloat16, float32
-and float64 natively. int16 has no NCCL type: it is widened to int32 in the
-fusion buffer and narrowed on the way out (exact for Min and Max; Sum and
-Product wrap on narrowing as int16 arithmetic does, unless an Average's
+and float64 natively. int16 and uint16 have no NCCL type: they are widened
+to int32 in the fusion buffer and narrowed on the way out (exact for Min and
+Max; Sum and Product wrap on narrowing as 16-bit arithmetic does, unless an Average's
 division brings the sum back in range). bool cannot be reduced (the core
 refuses it). Allgather, broadcast, alltoall and send/recv move bytes, so
 every dtype. Average is a Sum followed by the division in the unpack
@@ -434,7 +434,7 @@ class NCCLOps:
     def _reduction(self, response, lane):
         """(tensor kind, buffer kind, buffer dtype, NCCL type, NCCL op, divisor)."""
         kind = dtypes.BY_WIRE[response.dtype].name
-        if response.dtype == pb.INT16:  # no NCCL type: widened
+        if response.dtype in (pb.INT16, pb.UINT16):  # no NCCL type: widened
             buf_kind, buf_dtype, ntype = "int32", np.dtype(np.int32), self.nccl.NCCL_INT32
         else:
             buf_kind, buf_dtype = kind, self._storage(response.dtype)

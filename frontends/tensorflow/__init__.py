@@ -40,6 +40,8 @@ from frontends.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Su
 from frontends.tensorflow.sync_batch_norm import SyncBatchNormalization
 from frontends.tensorflow import errors as _errors
 from frontends.tensorflow import elastic  # hvd.elastic.run, as in Horovod
+from frontends.tensorflow import util  # hvd.util, as in Horovod
+from frontends.tensorflow.util import _cache, _make_subgraph, refs_to_vars, vars_to_refs
 
 # Mismatches inside a tf.function raise FailedPreconditionError, as Horovod's
 # compiled ops do (errors.py says how).

@@ -18,9 +18,10 @@ op) marks the errors that must leave as FailedPreconditionError, and
 `install_graph_error_types` makes TensorFlow's function call, the one place
 every failing `tf.function` (a Keras train step included) passes through,
 turn an UnknownError carrying that mark into FailedPreconditionError with the
-same message. Errors without the mark are left alone. Where a TensorFlow
-release moves that function call, the mark stays in an UnknownError's message
-and tests/mpi/tf_cases.py fails.
+same message; a tf.compat.v1 Session's run (`BaseSession._do_call`) does
+the same. Errors without the mark are left alone. Where a TensorFlow
+release moves either, the mark stays in an UnknownError's message and
+tests/mpi/tf_cases.py (tf_graph_cases.py for Sessions) fails.
 """
 
 import tensorflow as tf
@@ -92,28 +93,40 @@ def _failed_precondition(exc):
 
 
 def install_graph_error_types():
-    """Makes a failing `tf.function` call raise FailedPreconditionError for
-    the errors `graph_call` marked. Returns False where this TensorFlow has
-    no such hook (the error then stays UnknownError, mark included)."""
+    """Makes a failing `tf.function` call, and a tf.compat.v1 Session's run,
+    raise FailedPreconditionError for the errors `graph_call` marked.
+    Returns False where this TensorFlow has no such hook (the error then
+    stays UnknownError, mark included)."""
     try:
+        from tensorflow.python.client.session import BaseSession
         from tensorflow.python.eager.polymorphic_function import atomic_function
 
         scope = atomic_function.InterpolateRuntimeError
-        original = scope.__exit__
+        original_exit, original_call = scope.__exit__, BaseSession._do_call
     except (ImportError, AttributeError):  # pragma: no cover - other TF releases
         return False
-    if getattr(original, "_coordinator_wrapped", False):
+    if getattr(original_exit, "_coordinator_wrapped", False):
         return True
 
     def __exit__(self, typ, exc, tb):
-        suppress = original(self, typ, exc, tb)  # TF rewrites exc's message here
+        suppress = original_exit(self, typ, exc, tb)  # TF rewrites exc's message here
         replacement = _failed_precondition(exc)
         if replacement is not None:
             raise replacement.with_traceback(tb) from None
         return suppress
 
-    __exit__._coordinator_wrapped = True
+    def _do_call(self, fn, *args):
+        try:
+            return original_call(self, fn, *args)  # TF rewrites the message here too
+        except tf.errors.UnknownError as exc:
+            replacement = _failed_precondition(exc)
+            if replacement is None:
+                raise
+            raise replacement.with_traceback(exc.__traceback__) from None
+
+    __exit__._coordinator_wrapped = _do_call._coordinator_wrapped = True
     scope.__exit__ = __exit__
+    BaseSession._do_call = _do_call
     return True
 
 

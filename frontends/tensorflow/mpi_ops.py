@@ -147,9 +147,10 @@ def _with_gradient(forward, backward, tensors):
 
 # The dtypes the core moves; reductions exclude bool. (Horovod's allreduce op
 # takes int32, int64, float16, float32, float64; the core also reduces
-# uint8, int8, int16 and bfloat16. uint16 is not supported.)
-_MOVABLE = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-            tf.float32, tf.float64, tf.bool)
+# uint8, uint16, int8, int16 and bfloat16. Horovod's allgather, broadcast and
+# alltoall take uint16 too.)
+_MOVABLE = (tf.uint8, tf.uint16, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16,
+            tf.bfloat16, tf.float32, tf.float64, tf.bool)
 _REDUCIBLE = _MOVABLE[:-1]
 
 

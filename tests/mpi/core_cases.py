@@ -15,7 +15,7 @@ try:
 except ImportError:  # pragma: no cover
     BF16 = None
 
-REDUCE_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
+REDUCE_DTYPES = [np.uint8, np.uint16, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
                  np.float64]
 ALL_DTYPES = REDUCE_DTYPES + [np.bool_]
 

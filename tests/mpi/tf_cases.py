@@ -21,7 +21,7 @@ import tensorflow as tf  # noqa: E402
 import frontends.tensorflow as hvd  # noqa: E402
 
 EVEN = None  # a static process set: ranks 0, 2, 4, ...
-REDUCE_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
+REDUCE_DTYPES = [np.uint8, np.uint16, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
                  np.float64]
 
 
@@ -149,7 +149,7 @@ def case_allreduce_indexed_slices_gathers_values_and_indices(core):
 
 # ------------------------------------------------------ allgather/broadcast
 def case_allgather_ragged_first_dimension_eager_and_in_function(core):
-    for dtype in (np.float32, np.int32, np.bool_, np.float16, np.uint8):
+    for dtype in (np.float32, np.int32, np.bool_, np.float16, np.uint8, np.uint16):
         parts = [data(r, (r + 1, 3), dtype, seed=20) for r in range(hvd.size())]
         mine = tf.constant(parts[hvd.rank()])
         for mode, out in both_modes(lambda x: hvd.allgather(x), mine):

@@ -252,3 +252,21 @@ def case_session_gradients_through_while_loop_and_function_calls(core):
         for _ in range(RUNS):
             for label, got, want in zip("awcbg", sess.run([a, w, c, b, grad]), expected):
                 np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=label)
+
+
+def case_session_mismatch_raises_failed_precondition_naming_the_ranks(core):
+    """As eagerly and in tf.function: Horovod's kernels set a failed
+    precondition's status, whatever runs the graph."""
+    me = hvd.rank()
+    graph = tf.Graph()
+    with graph.as_default():
+        out = hvd.allreduce(tf.ones([3 + me]), name="session.mismatch")
+    with _session(graph) as sess:
+        try:
+            sess.run(out)
+        except tf.errors.FailedPreconditionError as exc:
+            assert "session.mismatch" in exc.message and "rank 1" in exc.message, exc.message
+            assert "[coordinator:" not in exc.message, exc.message
+        else:
+            raise AssertionError("a mismatch in a Session ran")
+    assert_equal(hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy(), np.full(2, float(hvd.size()), np.float32))
