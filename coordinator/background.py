@@ -817,14 +817,22 @@ class Background:
         return True
 
     def _unwait(self, entries):
-        """Entries a cycle runs leave their slots."""
+        """Entries a cycle runs leave their slots. Rank 0 forgets any
+        negotiation of theirs: some ranks reported their copies in a round
+        (waiting long in the cycle), which the others' may have joined in
+        the cycle after it. Forgotten only where rank 0 had reported its own
+        copy too, a worker's report outlived the step, and that rank's next
+        copy of the name was 'submitted twice' once it was reported in turn
+        (a rank 30 s late to a cached tensor, with the default stall time).
+        Rounds and cycles take turns, so a negotiation open here can only
+        be of this copy."""
+        coordinator = self.is_coordinator
         for e in entries:
             slot = self.slots.slot(e.cache_id)
             del self.fast[slot]
             self.cycle.clear(slot)
-            if e.reported and self.is_coordinator:
-                self.controller.forget(e.key)
-            # (a worker's reported entry: rank 0 forgets it at the same point)
+            if coordinator:
+                self.controller.forget(e.key, e.group)
 
     def _land(self, riders):
         """Completes riders from the cycle's payload: the sum of every rank's

@@ -452,12 +452,17 @@ class Controller:
         """Whether some rank has joined (and not every rank yet)."""
         return bool(self._joined)
 
-    def forget(self, key):
+    def forget(self, key, group=""):
         """Drops an open negotiation: the ranks ran the operation another way
-        (the steady-state path, after some of them had reported it)."""
+        (the steady-state path, after some of them had reported it). A
+        group member's whole group goes with it (the cycle runs a group
+        whole): members it had completed too, which would otherwise wait
+        for the next instance's and keep asking for reports."""
         neg = self._pending.pop(key, None)
         if neg is not None:
             self._negotiation_over(neg)
+        if group:
+            self._groups.pop((key[0], group), None)
 
     # ------------------------------------------------------------ stalls
     def inspect_stalls(self, now=None, inside=None, blocked=None):

@@ -44,6 +44,12 @@ def test_after_stalls_each_ranks_nth_submission_meets_the_others_nth(case, np_):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("np_", [2, 3])
+def test_rank_0_late_past_the_report_time_leaves_the_next_steps_whole(np_):
+    STALLS.check("rank_0_late_past_the_report_time_leaves_the_next_steps_whole", np_)
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("case", case_names("tests/mpi/set_stall_cases.py"))
 def test_stalls_in_a_process_set(case):
     SET_STALLS.check(case, 3)

@@ -67,6 +67,30 @@ def case_a_rank_late_again_and_again_stays_in_step(hvd):
     _check_in_step(hvd, _steps_in_step(hvd, late, nap=4.0, steps=10, name="g.often"), late)
 
 
+def case_rank_0_late_past_the_report_time_leaves_the_next_steps_whole(hvd):
+    """Rank 0 comes to a cached tensor (and group) late enough that the
+    others report theirs in full (half the stall time) but before the stall
+    shutdown: they run in the cycle, and rank 0 forgets the reports. It
+    kept them, and the others' next step was 'submitted twice' once
+    reported in turn (with the default stall time, a rank 30 s late: a
+    checkpoint written on rank 0)."""
+    me, n = hvd.rank(), hvd.size()
+    for _ in range(3):
+        hvd.allreduce(np.ones(4), name="late0.x")
+        hvd.grouped_allreduce([np.ones(4), np.ones(3)], name="late0.g")
+    for step in range(3):
+        if me == 0:
+            time.sleep(1.5)  # past half the stall time (1 s), short of its shutdown (3 s)
+        group = hvd.grouped_allreduce_async([np.full(4, step + me + 1.0), np.ones(3)],
+                                            op=hvd.Sum, name="late0.g")
+        out = hvd.allreduce(np.full(4, step + me + 1.0), op=hvd.Sum, name="late0.x")
+        total = float(sum(step + r + 1 for r in range(n)))
+        assert_equal(out, np.full(4, total), f"step {step}")
+        outs = hvd.synchronize(group)
+        assert_equal(outs[0], np.full(4, total), f"group step {step}")
+        assert_equal(outs[1], np.full(3, float(n)), f"group step {step}")
+
+
 def case_a_send_nobody_receives_is_a_stall_naming_the_receiver(hvd):
     if hvd.rank() == 0:
         exc = expect_raises(hvd.StallError, hvd.send, np.ones(2), 1, name="lonely")
