@@ -15,7 +15,9 @@ measures the defaults first, then tries the thresholds with the cycle time at
 0, then cycle times with the best threshold (coordinate descent), each
 candidate over `samples` samples after one warm-up sample, and keeps the
 candidate with the best median. Since the defaults are candidates, the choice
-is never one that measured worse than them. Every sample and the final choice
+is never one that measured worse than them. A knob the user set
+(HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, or their coordrun flags) is
+held where it was set, as Horovod holds it. Every sample and the final choice
 are logged to HOROVOD_AUTOTUNE_LOG (CSV).
 """
 
@@ -29,7 +31,7 @@ CYCLE_TIMES = [0.0, 0.0005, 0.002, 0.005]  # seconds
 
 class Autotuner:
     def __init__(self, controller, log_path="", steps_per_sample=5, samples=3,
-                 warmup_samples=1, max_window=2.0, clock=time.monotonic):
+                 warmup_samples=1, max_window=2.0, clock=time.monotonic, fixed=()):
         self.controller = controller
         self.steps_per_sample = steps_per_sample
         self.samples = samples
@@ -44,8 +46,13 @@ class Autotuner:
                             "seconds,bytes_per_second\n")
             self._log.flush()
         default = (controller.fusion_threshold, controller.cycle_time)
+        # Knobs the user set stay as set (Horovod's autotuner holds them).
+        self._fixed = frozenset(fixed)
         self._phase = "threshold"
-        self._queue = [default] + [(t, 0.0) for t in THRESHOLDS if (t, 0.0) != default]
+        self._queue = [default]
+        if "fusion_threshold" not in self._fixed:
+            cycle = default[1] if "cycle_time" in self._fixed else 0.0
+            self._queue += [(t, cycle) for t in THRESHOLDS if (t, cycle) != default]
         self._scores = {}  # candidate -> [bytes/s samples]
         self._candidate = None
         self._marker = None
@@ -108,8 +115,9 @@ class Autotuner:
         if not self._queue and self._phase == "threshold":
             self._phase = "cycle_time"
             best_threshold = max(self._scores, key=self.score)[0]
-            self._queue = [(best_threshold, c) for c in CYCLE_TIMES
-                           if (best_threshold, c) not in self._scores]
+            if "cycle_time" not in self._fixed:
+                self._queue = [(best_threshold, c) for c in CYCLE_TIMES
+                               if (best_threshold, c) not in self._scores]
         if not self._queue:
             self._finish()
             return

@@ -313,7 +313,8 @@ class Background:
 
             self.autotuner = Autotuner(self.controller, self.config.autotune_log,
                                        steps_per_sample=self.config.autotune_steps_per_sample,
-                                       warmup_samples=self.config.autotune_warmup_samples)
+                                       warmup_samples=self.config.autotune_warmup_samples,
+                                       fixed=self.config.autotune_fixed)
         self._shutdown_wanted = False
         self._shutdown_why = ""
         self._shutdown_finished = False

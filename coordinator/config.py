@@ -26,7 +26,25 @@ def _bool(env, key, default):
         return True
     if value in _FALSE:
         return False
+    try:  # Horovod's rule for numbers: true when above 0 (HOROVOD_X=2 is on)
+        return int(value) > 0
+    except ValueError:
+        pass
     raise ValueError(f"{key}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def _log_level(raw):
+    """HOROVOD_LOG_LEVEL as one of LOG_LEVELS: any case, WARN for warning;
+    anything else is warning, as in Horovod, said on stderr."""
+    level = raw.strip().lower() or "warning"
+    level = {"warn": "warning"}.get(level, level)
+    if level not in LOG_LEVELS:
+        import sys
+
+        print(f"coordinator: HOROVOD_LOG_LEVEL={raw!r} is not one of {', '.join(LOG_LEVELS)}; "
+              "logging at warning", file=sys.stderr)
+        return "warning"
+    return level
 
 
 def _number(env, key, default, kind, minimum=None):
@@ -105,6 +123,9 @@ class Config:
     # (HOROVOD_AUTOTUNE_WARMUP_SAMPLES, HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE).
     autotune_warmup_samples: int = 1
     autotune_steps_per_sample: int = 5
+    # The knobs the user set (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME):
+    # the autotuner holds them, as Horovod's does.
+    autotune_fixed: Tuple[str, ...] = ()
     # HOROVOD_THREAD_AFFINITY: cores, one per local rank (comma-separated),
     # to pin each rank's background thread to; empty: not pinned.
     thread_affinity: Tuple[int, ...] = ()
@@ -146,9 +167,7 @@ class Config:
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Config":
         env = os.environ if env is None else env
-        level = env.get("HOROVOD_LOG_LEVEL", "warning").strip().lower() or "warning"
-        if level not in LOG_LEVELS:
-            raise ValueError(f"HOROVOD_LOG_LEVEL={level!r} is not one of {', '.join(LOG_LEVELS)}")
+        level = _log_level(env.get("HOROVOD_LOG_LEVEL", "warning"))
         return cls(
             fusion_threshold=_number(env, "HOROVOD_FUSION_THRESHOLD", cls.fusion_threshold, int, 0),
             cycle_time_ms=_number(env, "HOROVOD_CYCLE_TIME", cls.cycle_time_ms, float, 0.0),
@@ -176,6 +195,9 @@ class Config:
                                             cls.autotune_warmup_samples, int, 0),
             autotune_steps_per_sample=_number(env, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
                                               cls.autotune_steps_per_sample, int, 1),
+            autotune_fixed=tuple(knob for knob, key in (
+                ("fusion_threshold", "HOROVOD_FUSION_THRESHOLD"),
+                ("cycle_time", "HOROVOD_CYCLE_TIME")) if env.get(key, "").strip()),
             thread_affinity=_cores(env, "HOROVOD_THREAD_AFFINITY"),
             dynamic_process_sets=_bool(env, "HOROVOD_DYNAMIC_PROCESS_SETS", False),
             async_completion=_bool(env, "HOROVOD_ENABLE_ASYNC_COMPLETION", False),

@@ -94,7 +94,7 @@ def parse_hosts(spec: str) -> List[Tuple[str, int]]:
     for item in spec.split(","):
         item = item.strip()
         host, sep, slots = item.rpartition(":")
-        if not item or not sep or not host:
+        if not item or not sep or not host or ":" in host:
             raise ValueError(f"{item!r} is not host:slots (e.g. node1:4)")
         if not slots.isdigit() or int(slots) < 1:
             raise ValueError(f"{item!r}: slots must be a positive integer")
@@ -135,7 +135,7 @@ def _hosts_type(text):
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="coordrun", allow_abbrev=False,
+        prog="coordrun",
         description="Run a command on several ranks through mpirun, with coordinator "
                     "settings exported to every rank.",
         epilog="example: coordrun -np 4 python train.py --epochs 3")
@@ -152,11 +152,11 @@ def make_parser() -> argparse.ArgumentParser:
                    help="largest fused buffer in MiB; 0 disables fusion")
     p.add_argument("--cycle-time-ms", type=_checked(float, 0.0), metavar="MS",
                    help="time to gather ready tensors before a fused dispatch")
-    cache = p.add_mutually_exclusive_group()
-    cache.add_argument("--cache-capacity", type=_checked(int, 0), metavar="N",
-                       help="response cache entries; 0 disables the cache")
-    cache.add_argument("--disable-cache", action="store_true",
-                       help="same as --cache-capacity 0")
+    p.add_argument("--cache-capacity", type=_checked(int, 0), metavar="N",
+                   help="response cache entries; 0 disables the cache")
+    p.add_argument("--disable-cache", action="store_true",
+                   help="horovodrun's: run its start-up checks every time instead of "
+                        "caching them for an hour; coordrun caches none, so no effect")
     p.add_argument("--stall-check-warning-time-seconds", type=_checked(float, 0.0),
                    metavar="S", help="warn when a tensor waits this long for other ranks")
     p.add_argument("--stall-check-shutdown-time-seconds", type=_checked(float, 0.0),
@@ -168,7 +168,7 @@ def make_parser() -> argparse.ArgumentParser:
                        const=False, help=argparse.SUPPRESS)
     p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS)
     _on_off(p, "--hierarchical-allreduce", "allreduce within each host, then across hosts")
-    p.add_argument("--torus-allreduce", action="store_true")
+    _on_off(p, "--torus-allreduce", "2D-torus allreduce: within each host, then across hosts")
     _on_off(p, "--autotune", "tune fusion and cycle time", hide_off=True)
     p.add_argument("--autotune-log-file", metavar="PATH", help="log autotune samples here")
     p.add_argument("--autotune-warmup-samples", type=_checked(int, 0), metavar="N",
@@ -239,7 +239,8 @@ def _add_horovodrun_flags(p):
     g.add_argument("--tcp", dest="tcp_flag", action="store_true",
                    help="move data over TCP only")
     g.add_argument("--binding-args", metavar="ARGS",
-                   help="process binding arguments for mpirun (default: --bind-to none)")
+                   help="mpirun's binding and mapping arguments, in place of the default "
+                        "(--bind-to none --map-by slot)")
     g.add_argument("--num-nccl-streams", type=_checked(int, 0), metavar="N",
                    help="NCCL streams per device (HOROVOD_NUM_NCCL_STREAMS)")
     g.add_argument("--thread-affinity", type=_cores_type, metavar="CORE[,CORE...]",
@@ -442,9 +443,7 @@ def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
         env["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * MIB))
     if args.cycle_time_ms is not None:
         env["HOROVOD_CYCLE_TIME"] = _number(args.cycle_time_ms)
-    if args.disable_cache:
-        env["HOROVOD_CACHE_CAPACITY"] = "0"
-    elif args.cache_capacity is not None:
+    if args.cache_capacity is not None:
         env["HOROVOD_CACHE_CAPACITY"] = str(args.cache_capacity)
     if args.stall_check_warning_time_seconds is not None:
         env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = _number(args.stall_check_warning_time_seconds)
@@ -457,8 +456,8 @@ def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
         env["HOROVOD_LOG_LEVEL"] = args.log_level
     if args.hierarchical_allreduce is not None:
         env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = _flag(args.hierarchical_allreduce)
-    if args.torus_allreduce:
-        env["HOROVOD_TORUS_ALLREDUCE"] = "1"
+    if args.torus_allreduce is not None:
+        env["HOROVOD_TORUS_ALLREDUCE"] = _flag(args.torus_allreduce)
     if args.autotune is not None:
         env["HOROVOD_AUTOTUNE"] = _flag(args.autotune)
     if args.autotune_log_file is not None:
@@ -570,19 +569,22 @@ def build_command(args: argparse.Namespace, launcher: Launcher, environ: Mapping
         argv += ["--with-ft", "ulfm"]
     argv += ["-np", str(np_)]
     if launcher.flavor == OPEN_MPI:
+        # --binding-args stands for horovodrun's whole default binding and
+        # mapping (-bind-to none -map-by slot), as in horovodrun.
+        custom = bool(getattr(args, "binding_args", None))
         argv += _binding(args)
+        by_slot = [] if custom else ["--map-by", "slot"]
         if job is not None:
             # Spawned ranks are placed by the driver, which knows the slots.
-            argv += ["--map-by", "slot:OVERSUBSCRIBE",
-                     "--host", ",".join(f"{h}:{n}" for h, n in
-                                        list(job.hosts) + list(job.spare_hosts))]
+            argv += ([] if custom else ["--map-by", "slot:OVERSUBSCRIBE"]) + [
+                "--host", ",".join(f"{h}:{n}" for h, n in
+                                   list(job.hosts) + list(job.spare_hosts))]
         elif args.hostfile is not None:
-            argv += ["--map-by", "slot", "--hostfile", args.hostfile]
+            argv += by_slot + ["--hostfile", args.hostfile]
         elif args.host_slots is not None:
-            argv += ["--map-by", "slot",
-                     "--host", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
+            argv += by_slot + ["--host", ",".join(f"{h}:{s}" for h, s in args.host_slots)]
         else:
-            argv += ["--map-by", "slot", "--oversubscribe"]
+            argv += by_slot + ["--oversubscribe"]
         local = job.local if job is not None else (
             args.hostfile is None and args.host_slots is None)
         _transports(args, job, local, default)

@@ -1,24 +1,28 @@
 """horovodrun's --config-file: a YAML file of settings, by section.
 
     params:            {fusion_threshold_mb, cycle_time_ms, cache_capacity,
-                        hierarchical_allreduce}
+                        hierarchical_allreduce, torus_allreduce}
     autotune:          {enabled, log_file, warmup_samples, steps_per_sample}
     timeline:          {filename, mark_cycles}
     stall_check:       {enabled, warning_time_seconds, shutdown_time_seconds}
-    library_options:   {num_nccl_streams}
+    library_options:   {num_nccl_streams, thread_affinity}
     logging:           {level, with_timestamp}
-    controller:        mpi  (gloo is refused)
+    controller:        mpi  (gloo is refused, unless --mpi is given)
 
 Flags given on the command line win over the file. Keys horovodrun knows
 that have no meaning here (hierarchical_allgather, mpi_threads_disable,
 gloo_timeout_seconds, the autotune's Bayesian optimisation knobs) are
 accepted and named on stderr, as their flags are (run.IGNORED_FLAGS);
-ccl_bgt_affinity is accepted silently; unknown keys are errors.
+ccl_bgt_affinity is accepted silently. Sections and keys horovodrun does not
+read are named on stderr and skipped, as horovodrun skips them. Booleans may
+be written 1 and 0, and the level WARN, as horovodrun passes them on.
 The file is read with PyYAML when it is installed, otherwise with a small
-reader for the nested mappings of scalars such files hold.
+reader for the nested mappings of scalars such files hold (block or
+{flow} style, with or without a leading ---).
 """
 
 import math
+import sys
 
 # section -> {key: (args attribute, kind)}
 SECTIONS = {
@@ -27,6 +31,7 @@ SECTIONS = {
         "cycle_time_ms": ("cycle_time_ms", float),
         "cache_capacity": ("cache_capacity", int),
         "hierarchical_allreduce": ("hierarchical_allreduce", bool),
+        "torus_allreduce": ("torus_allreduce", bool),
         "hierarchical_allgather": ("hierarchical_allgather", bool),
     },
     "autotune": {
@@ -49,6 +54,7 @@ SECTIONS = {
     "library_options": {
         "num_nccl_streams": ("num_nccl_streams", int),
         "mpi_threads_disable": ("mpi_threads_disable", bool),
+        "thread_affinity": ("thread_affinity", "cores"),
         "ccl_bgt_affinity": (None, int),
         "gloo_timeout_seconds": ("gloo_timeout_seconds", int),
     },
@@ -106,7 +112,7 @@ def parse_simple_yaml(text, path="<config>"):
     stack = [(-1, root)]
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line.strip():
+        if not line.strip() or line.strip() in ("---", "..."):
             continue
         indent = len(line) - len(line.lstrip(" "))
         key, sep, value = line.strip().partition(":")
@@ -116,7 +122,9 @@ def parse_simple_yaml(text, path="<config>"):
         while stack[-1][0] >= indent:
             stack.pop()
         parent = stack[-1][1]
-        if value.strip():
+        if value.strip().startswith("{"):
+            parent[key.strip()] = _flow_mapping(value.strip(), f"{path}:{number}")
+        elif value.strip():
             parent[key.strip()] = _scalar(value)
         else:
             child = {}
@@ -125,13 +133,34 @@ def parse_simple_yaml(text, path="<config>"):
     return root
 
 
+def _flow_mapping(text, where):
+    """`{a: 1, b: x}`: a mapping of scalars written on one line."""
+    if not text.endswith("}"):
+        raise ValueError(f"--config-file {where}: {text!r} is not a {{key: value, ...}} "
+                         "mapping")
+    mapping = {}
+    for item in filter(None, (part.strip() for part in text[1:-1].split(","))):
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"--config-file {where}: {item!r} is not 'key: value'")
+        mapping[key.strip()] = _scalar(value)
+    return mapping
+
+
 def _convert(value, kind, where):
     if kind in (bool, "not-bool"):
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = value > 0  # horovodrun passes 1 and 0 on, read as numbers
         if not isinstance(value, bool):
             raise ValueError(f"{where}: {value!r} is not true or false")
         return (not value) if kind == "not-bool" else value
+    if kind == "cores":
+        from coordinator.config import parse_cores
+
+        return ",".join(str(c) for c in parse_cores(str(value)))
     if kind == "level":
         value = str(value).lower()
+        value = {"warn": "warning"}.get(value, value)
         from coordinator.run import LOG_LEVELS
 
         if value not in LOG_LEVELS:
@@ -154,6 +183,8 @@ def apply(args, config, explicit=()):
     `explicit` (flags given on the command line)."""
     for section, values in config.items():
         if section == "controller":
+            if getattr(args, "use_mpi", False):
+                continue  # --mpi on the command line wins, as in horovodrun
             if str(values).lower() == "gloo":
                 raise ValueError("--config-file: controller gloo: this coordinator runs over "
                                  "MPI (and NCCL), not Gloo")
@@ -162,14 +193,20 @@ def apply(args, config, explicit=()):
             continue
         known = SECTIONS.get(section)
         if known is None:
-            raise ValueError(f"--config-file: unknown section {section!r} (known: "
-                             f"{', '.join(sorted(SECTIONS))}, controller)")
+            _skipped(f"section {section!r} (read: {', '.join(sorted(SECTIONS))}, controller)")
+            continue
         if not isinstance(values, dict):
             raise ValueError(f"--config-file: section {section!r} must be a mapping")
         for key, value in values.items():
             if key not in known:
-                raise ValueError(f"--config-file: unknown key {section}.{key}")
+                _skipped(f"key {section}.{key}")
+                continue
             dest, kind = known[key]
             if dest is None or value is None or dest in explicit:
                 continue
             setattr(args, dest, _convert(value, kind, f"--config-file {section}.{key}"))
+
+
+def _skipped(what):
+    print(f"coordrun: --config-file: {what} is not a horovodrun setting; skipped",
+          file=sys.stderr)

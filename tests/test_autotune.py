@@ -59,6 +59,37 @@ def test_keeps_the_defaults_when_nothing_beats_them():
     assert tuner.done and tuner.best == defaults
 
 
+def test_knobs_the_user_set_are_held_as_set(tmp_path):
+    """As in Horovod: a fusion threshold or cycle time given explicitly is
+    not searched; only the other knob is tuned."""
+    from coordinator.config import Config
+
+    cost = lambda t, c: 0.01 + abs(t - 16 * MIB) / MIB * 1e-4 + abs(c - 0.0005)  # noqa: E731
+    clock = Clock()
+    ctl = Controller(2)
+    ctl.fusion_threshold = 32 * MIB
+    log = tmp_path / "held.csv"
+    tuner = Autotuner(ctl, str(log), steps_per_sample=2, samples=2, clock=clock,
+                      fixed=("fusion_threshold",))
+    run(tuner, ctl, clock, cost)
+    assert tuner.done and tuner.best == (32 * MIB, 0.0005)
+    assert {int(r["fusion_threshold_bytes"]) for r in csv.DictReader(log.open())} == {32 * MIB}
+    clock, ctl = Clock(), Controller(2)
+    ctl.cycle_time = 0.002
+    tuner = Autotuner(ctl, steps_per_sample=2, samples=2, clock=clock, fixed=("cycle_time",))
+    run(tuner, ctl, clock, cost)
+    assert tuner.done and tuner.best == (16 * MIB, 0.002)
+    clock, ctl = Clock(), Controller(2)
+    tuner = Autotuner(ctl, steps_per_sample=2, samples=2, clock=clock,
+                      fixed=("fusion_threshold", "cycle_time"))
+    run(tuner, ctl, clock, cost)
+    assert tuner.done and tuner.best == (ctl.fusion_threshold, ctl.cycle_time)
+    assert Config.from_env({"HOROVOD_FUSION_THRESHOLD": "1048576"}).autotune_fixed == (
+        "fusion_threshold",)
+    assert Config.from_env({"HOROVOD_CYCLE_TIME": "2"}).autotune_fixed == ("cycle_time",)
+    assert Config.from_env({}).autotune_fixed == ()
+
+
 def test_autotune_runs_in_a_real_job_and_logs(tmp_path):
     from mpi_harness import mpirun
 

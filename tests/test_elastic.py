@@ -806,8 +806,29 @@ def test_config_file_keys_without_meaning_here_are_named_like_their_flags(tmp_pa
     assert "mpi-threads-disable" not in err and "ccl" not in err  # off, or silent
 
 
+def test_config_files_horovodrun_reads_are_read_the_same(tmp_path, capsys):
+    """A leading ---, flow mappings, 1 and 0 for booleans, WARN, the 0.28.1
+    keys torus_allreduce and thread_affinity; sections and keys horovodrun
+    does not read are skipped, said on stderr; --mpi beats controller:
+    gloo."""
+    path = tmp_path / "c.yaml"
+    path.write_text("---\nparams: {fusion_threshold_mb: 32, hierarchical_allreduce: 1}\n"
+                    "params2:\n  x: 1\nparams_extra: 3\n"
+                    "library_options:\n  thread_affinity: 1\n  mlsl_bgt_affinity: 1\n"
+                    "logging:\n  level: warn\ncontroller: gloo\n")
+    args = run.parse_args(["-np", "2", "--mpi", "--config-file", str(path), "python"])
+    env = run.horovod_env(args)
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
+    assert env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    assert env["HOROVOD_THREAD_AFFINITY"] == "1" and env["HOROVOD_LOG_LEVEL"] == "warning"
+    err = capsys.readouterr().err
+    assert "section 'params2'" in err and "key library_options.mlsl_bgt_affinity" in err
+    path.write_text("params:\n  torus_allreduce: false\n")
+    env = run.horovod_env(run.parse_args(["-np", "2", "--config-file", str(path), "python"]))
+    assert env["HOROVOD_TORUS_ALLREDUCE"] == "0"
+
+
 @pytest.mark.parametrize("text,message", [
-    ("params:\n  fusion: 3\n", "unknown key params.fusion"),
     ("controller: gloo\n", "not Gloo"), ("params:\n  cache_capacity: -1\n", ">= 0"),
     ("nonsense\n", "is not 'key: value'")])
 def test_bad_config_file_is_a_usage_error(tmp_path, capsys, text, message):

@@ -93,7 +93,9 @@ def test_unset_flags_export_no_horovod_variables():
     (["--cycle-time-ms", "2.5"], {"HOROVOD_CYCLE_TIME": "2.5"}),
     (["--cycle-time-ms", "5"], {"HOROVOD_CYCLE_TIME": "5"}),
     (["--cache-capacity", "256"], {"HOROVOD_CACHE_CAPACITY": "256"}),
-    (["--disable-cache"], {"HOROVOD_CACHE_CAPACITY": "0"}),
+    # horovodrun's: its start-up checks' cache, not the response cache
+    (["--disable-cache"], {}),
+    (["--disable-cache", "--cache-capacity", "8"], {"HOROVOD_CACHE_CAPACITY": "8"}),
     (["--timeline-filename", "/tmp/t.json"], {"HOROVOD_TIMELINE": "/tmp/t.json"}),
     (["--timeline-mark-cycles"], {"HOROVOD_TIMELINE_MARK_CYCLES": "1"}),
     (["--stall-check-warning-time-seconds", "30"],
@@ -104,6 +106,8 @@ def test_unset_flags_export_no_horovod_variables():
     (["--log-level", "DEBUG"], {"HOROVOD_LOG_LEVEL": "debug"}),
     (["--hierarchical-allreduce"], {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}),
     (["--torus-allreduce"], {"HOROVOD_TORUS_ALLREDUCE": "1"}),
+    (["--no-torus-allreduce"], {"HOROVOD_TORUS_ALLREDUCE": "0"}),
+    (["--fusion-threshold", "4"], {"HOROVOD_FUSION_THRESHOLD": "4194304"}),  # abbreviated
     (["--autotune", "--autotune-log-file", "tune.csv"],
      {"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "tune.csv"}),
     # horovodrun's --no-* forms say "off" over whatever the environment says.
@@ -282,7 +286,6 @@ def test_everything_after_the_command_belongs_to_the_command():
     (["-np", "2", "--fusion-threshold-mb", "nan", "python"], "is not a valid float"),
     (["-np", "2", "--cycle-time-ms", "fast", "python"], "is not a valid float"),
     (["-np", "2", "--cache-capacity", "-3", "python"], "must be at least 0"),
-    (["-np", "2", "--cache-capacity", "8", "--disable-cache", "python"], "not allowed with"),
     (["-np", "2", "--stall-check-warning-time-seconds", "-5", "python"], "at least 0"),
     (["-np", "2", "--log-level", "loud", "python"], "invalid choice"),
     (["-np", "2", "-x", "1BAD=3", "python"], "is not a variable name"),
@@ -319,12 +322,23 @@ def test_parse_hosts(spec, expected):
     assert run.parse_hosts(spec) == expected
 
 
+def test_binding_args_replace_the_whole_default_binding_and_mapping():
+    """As horovodrun's --binding-args replace -bind-to none -map-by slot: a
+    --map-by of the user's own is not given twice (mpirun refuses that)."""
+    argv, _ = build("-np", "2", "--binding-args=--map-by core --bind-to core", "python", "t.py")
+    assert argv.count("--map-by") == 1 and argv[argv.index("--map-by") + 1] == "core"
+    assert "--bind-to" in argv and argv[argv.index("--bind-to") + 1] == "core"
+    argv, _ = build("-np", "2", "-H", "a:2", "--binding-args=--bind-to core", "python")
+    assert "--map-by" not in argv and argv[argv.index("--host") + 1] == "a:2"
+
+
 @pytest.mark.parametrize("spec,message", [
     ("node1", "'node1' is not host:slots"),
     ("node1:0", "slots must be a positive integer"),
     ("node1:x", "slots must be a positive integer"),
     (":4", "is not host:slots"),
     ("node1:2,,node2:2", "'' is not host:slots"),
+    ("host:2:3", "'host:2:3' is not host:slots"),
 ])
 def test_malformed_hosts_say_which_entry(capsys, spec, message):
     with pytest.raises(ValueError, match=message):
