@@ -327,7 +327,7 @@ class ReadyPoint:
                     event.record(self.stream)
                 self._event = event
                 self.early = not launch
-                self.waits = _stream_waits.get(self.stream.ptr, 0)
+                self.waits = _stream_waits.get((self.device, self.stream.ptr), 0)
                 _pending.discard(self)
         return self._event
 
@@ -335,7 +335,8 @@ class ReadyPoint:
 # Ready points whose events are not recorded yet (weakly: one whose entries
 # never launch goes with them), and the lock that makes recording one happen
 # once, whichever thread asks first. Under it too: how many waits for
-# operations each caller's stream (by pointer) was given by
+# operations each caller's stream (by device and pointer: the legacy default
+# stream is 0 on every device) was given by
 # DeviceWait.order_current_stream (see fence_events).
 _pending = weakref.WeakSet()
 _pending_lock = threading.Lock()
@@ -461,8 +462,8 @@ def fence_events(entries):
         for e in entries:
             point = e.ready_point if e is not None else None
             if (point is not None and point.early and point.stream.ptr != _PER_THREAD_STREAM
-                    and _stream_waits[point.stream.ptr] == point.waits):
-                streams.setdefault(point.stream.ptr, point)
+                    and _stream_waits[(point.device, point.stream.ptr)] == point.waits):
+                streams.setdefault((point.device, point.stream.ptr), point)
         for point in streams.values():
             with cupy().cuda.Device(point.device):
                 events.append(record(point.stream))
@@ -564,7 +565,12 @@ class DeviceWait:
             return
         record_pending()  # (ReadyPoint: none may come to cover this wait)
         stream = current_stream(self.device)
-        with _pending_lock:  # (nor may a fence: fence_events)
-            _stream_waits[stream.ptr] += 1
+        # On the results' device: a stream handle of 0 (torch's and CuPy's
+        # default stream) means the legacy stream of the *current* device, so
+        # from a thread whose current device is another (a model moved with
+        # .to("cuda:1") and no set_device) the wait landed on that device's
+        # stream and the step read the results before they were written.
+        with _pending_lock, cupy().cuda.Device(self.device):  # (nor a fence: fence_events)
+            _stream_waits[(self.device, stream.ptr)] += 1
             for event in self.events:
                 stream.wait_event(event)

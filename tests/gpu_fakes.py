@@ -18,6 +18,7 @@ import os
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 import types
 
@@ -146,6 +147,7 @@ class _Stream:
         self.ptr = id(self)
         self.non_blocking = non_blocking
         self.waited = []
+        self.waited_on = []
         self.busy_until = 0.0  # when the work queued on it would be done
         _Stream.made.append(self)
 
@@ -176,6 +178,7 @@ class _Stream:
 
     def wait_event(self, event):
         self.waited.append(event)
+        self.waited_on.append(_DeviceContext.current_id())  # the current device then
         self.busy_until = max(self.busy_until, event.done_at)
 
     def synchronize(self):
@@ -186,14 +189,26 @@ _NULL = _Stream()
 
 
 class _DeviceContext:
+    """cupy.cuda.Device: entered, it is the thread's current device (the one
+    a stream handle of 0 means), as `current_id()` says."""
+
+    active = threading.local()
+
     def __init__(self, device=None):
         self.id = 0 if device is None else device
 
     def __enter__(self):
+        stack = _DeviceContext.active.__dict__.setdefault("stack", [])
+        stack.append(self.id)
         return self
 
     def __exit__(self, *exc):
-        pass
+        _DeviceContext.active.stack.pop()
+
+    @staticmethod
+    def current_id():
+        stack = _DeviceContext.active.__dict__.get("stack")
+        return stack[-1] if stack else 0
 
 
 def _elapsed_ms(start, end):

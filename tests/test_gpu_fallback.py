@@ -178,6 +178,19 @@ def test_a_frontend_names_the_callers_stream(fake_cupy):
     assert named.waited == [pending]
 
 
+def test_a_callers_stream_waits_on_the_results_device_whatever_device_is_current(made):
+    """A stream handle of 0 means the current device's default stream: the
+    wait is made with the results' device current, not the caller's (a
+    model moved with .to("cuda:1") and no set_device)."""
+    stream = gpu_fakes._Stream()
+    pending = gpu_fakes._Event()
+    pending.done_at = float("inf")
+    with gpu.caller_stream(1, stream):
+        with gpu_fakes._DeviceContext(0):
+            gpu.DeviceWait(1, [pending]).order_current_stream()
+    assert stream.waited == [pending] and stream.waited_on == [1]
+
+
 def test_before_a_callers_stream_waits_every_pending_ready_point_is_recorded(made):
     """A synchronize that makes the caller's stream wait for an operation
     (asynchronous completion) first records the events of every ready point
