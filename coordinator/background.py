@@ -240,6 +240,7 @@ class Background:
         self.sent = {}  # key -> entry described in a round, not answered yet
         self.sent_by_id = {}  # cache id -> entry sent as that id
         self.owed = Owed()  # failed before this rank submitted its copy (owed.py)
+        self._gpu = None  # the GPU this rank's device operations last ran on
         self.round = None  # the round under way: (number, {rank: RequestList} on rank 0)
         self.rounds = 0
         self.cycles = 0  # cycles posted (every rank posts the same ones)
@@ -1516,7 +1517,8 @@ class Background:
         # A lane per communicator: the set's, on this device (a GPU's NCCL
         # communicator and the set's MPI one run side by side).
         lane = (resp.process_set_id, resp.device)
-        operation = Operation(resp, entries, shown, lane, gen, traced)
+        operation = Operation(resp, entries, shown, lane, gen, traced,
+                              device=self._local_device(resp, entries))
         # Every member starts these in one order per lane; a send/recv's two
         # ranks start theirs in one order per pair.
         counted = lane + _pair(resp)
@@ -1525,6 +1527,21 @@ class Background:
         self._complete_queued()
         for op in done:
             self._finish_op(op)
+
+    def _local_device(self, resp, entries):
+        """The device this rank runs `resp` on: -1 for the host; for a GPU,
+        where its own tensors are (resp.device is the ordinal rank 0's
+        request named, and on a machine of several GPUs each rank uses its
+        own: lanes of one GPU keyed by other ranks' ordinals were not kept
+        in one order here), else the one it used last (a joined rank's
+        stand-ins)."""
+        if resp.device < 0:
+            return -1
+        for e in entries:
+            if e is not None and e.ready_point is not None:
+                self._gpu = e.device
+                return e.device
+        return self._gpu if self._gpu is not None else resp.device
 
     def _fail_rest_of_group(self, pset, group, make_error):
         """A grouped operation fails as a unit: this rank's other members of

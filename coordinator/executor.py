@@ -44,15 +44,18 @@ def _ready(waitable):
 class Operation:
     """One response being run: its entries, names and backend generator."""
 
-    __slots__ = ("response", "entries", "names", "lane", "started", "steps", "_gen",
+    __slots__ = ("response", "entries", "names", "lane", "device", "started", "steps", "_gen",
                  "_waiting", "results", "error", "traced", "handed_out", "completed_early",
                  "finished", "seq")
 
-    def __init__(self, response, entries, names, lane, gen, traced=False):
+    def __init__(self, response, entries, names, lane, gen, traced=False, device=None):
         self.response = response
         self.entries = entries
         self.names = names
+        # lane: (process set, the response's device), the same on every
+        # member; device: the one it runs on here (ranks use their own GPUs).
         self.lane = lane
+        self.device = lane[1] if device is None else device
         self._gen = gen
         self._waiting = None
         self.started = None
@@ -135,7 +138,7 @@ class Executor:
         if lane is None:
             lane = self._lanes[op.lane] = collections.deque()
         lane.append(op)
-        device = op.lane[1]
+        device = op.device
         if device >= 0:
             self._device_order.setdefault(device, collections.deque()).append(op)
         if len(lane) == 1 or (len(lane) == 2 and lane[0].lets_next_start):
@@ -166,14 +169,14 @@ class Executor:
             done.append(lane.popleft())
         if not lane:
             del self._lanes[key]
-        if done and key[1] >= 0:
-            self._first_on(key[1])  # (drops those done: they hold their results)
+        if done and done[0].device >= 0:
+            self._first_on(done[0].device)  # (drops those done: they hold their results)
         return done
 
     def _may_start(self, op):
         """Whether every operation started before `op` on its device has
         queued all its work or finished (the module's docstring)."""
-        first = self._first_on(op.lane[1])
+        first = self._first_on(op.device)
         return first is None or first is op
 
     def _first_on(self, device):
@@ -206,9 +209,17 @@ class Executor:
         queued, self._queued = self._queued, []
         return queued
 
+    def _local(self, lane):
+        """The operations in flight of process set `lane[0]` on this rank's
+        device `lane[1]` (-1: the host)."""
+        pset, device = lane
+        return [op for key, ops in self._lanes.items() if key[0] == pset
+                for op in ops if op.device == device]
+
     def busy(self, lane):
-        """Whether `lane` has an operation in flight."""
-        return lane in self._lanes
+        """Whether (process set, this rank's device) has an operation in
+        flight."""
+        return bool(self._local(lane))
 
     def on_device(self):
         """Whether any operation in flight runs on a GPU (a lane whose device
@@ -217,11 +228,12 @@ class Executor:
 
     def busy_for(self, lane, now):
         """Seconds (from `now`, time.monotonic()) until the operations of
-        `lane` should be done on their device: 0 with none in flight; inf
-        where that cannot be told (one not on a device, not yet started,
-        waiting for its inputs with nothing before it, or of a kind whose
-        duration nothing has taught yet: DeviceWait.expected_end)."""
-        ops = self._lanes.get(lane)
+        (process set, this rank's device) should be done on the device: 0
+        with none in flight; inf where that cannot be told (one not on a
+        device, not yet started, waiting for its inputs with nothing before
+        it, or of a kind whose duration nothing has taught yet:
+        DeviceWait.expected_end)."""
+        ops = self._local(lane)
         if not ops:
             return 0.0
         end = None

@@ -40,14 +40,15 @@ class Event:
         return self.after is not None and self.reads >= self.after
 
 
-def _op(lane, *waits, result="done", started=None):
+def _op(lane, *waits, result="done", started=None, device=None):
     def gen():
         if started is not None:
             started.append(result)
         for w in waits:
             yield w
         return [result]
-    return Operation(response=None, entries=[None], names=["t"], lane=lane, gen=gen())
+    return Operation(response=None, entries=[None], names=["t"], lane=lane, gen=gen(),
+                     device=device)
 
 
 def test_an_operation_in_flight_is_tested_for_the_whole_burst():
@@ -149,6 +150,23 @@ def test_lanes_of_one_device_start_their_operations_in_the_order_they_were_start
     assert [op.results for op in ex.progress()] == [["b"]]
     ex.progress()
     assert started == ["a", "host", "other device", "b", "c"]
+
+
+def test_lanes_named_by_other_ranks_gpus_keep_this_ranks_gpu_in_order():
+    """A lane is named by the response's device (rank 0's ordinal, the same
+    on every rank); on a machine of several GPUs this rank runs both sets'
+    operations on its own GPU 3: they are ordered on it, and asked about
+    GPU 3 the executor says so."""
+    started = []
+    first = Waitable(results=["a"])
+    ex = Executor()
+    ex.start(_op((1, 0), first, result="a", started=started, device=3))
+    ex.start(_op((2, 2), Waitable(), result="b", started=started, device=3))
+    assert ex.progress() == [] and started == ["a"]
+    assert ex.busy((1, 3)) and ex.busy((2, 3)) and not ex.busy((1, 0))
+    first.lets_next_start = True
+    ex.progress()
+    assert started == ["a", "b"]
 
 
 def test_a_gpu_operation_that_fails_lets_the_next_on_its_device_start():
