@@ -487,6 +487,27 @@ class Fence:
         return cupy().empty(shape, dtype)
 
 
+# NCCL's status codes (nccl.h), for the ones CuPy 13 cannot name.
+_NCCL_STATUS = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+                4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError",
+                7: "ncclInProgress"}
+
+
+def _checked(check):
+    """Runs an NCCL communicator's check_async_error. CuPy 13's NcclError
+    looks its message up in a table of codes 0-5, so a remote error (6: a
+    peer's connection failed) raised KeyError: 6 instead; it says so."""
+    try:
+        check()
+    except KeyError as exc:
+        code = exc.args[0] if exc.args else None
+        if code not in _NCCL_STATUS:
+            raise
+        raise RuntimeError(f"NCCL asynchronous error {code} ({_NCCL_STATUS[code]}"
+                           f"{': a peer failed or its connection broke' if code == 6 else ''})"
+                           ) from None
+
+
 class DeviceWait:
     """Work queued on a device: the background thread polls `ready()` (an
     event query, never blocking); `order_current_stream()` makes the
@@ -525,7 +546,7 @@ class DeviceWait:
         for event in self.events:
             if not event.done:
                 if self.check is not None:
-                    self.check()
+                    _checked(self.check)
                 if self.timing is not None and self.started_at is None:
                     self._note_start(time.monotonic())
                 return False

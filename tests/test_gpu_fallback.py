@@ -1145,3 +1145,24 @@ def test_tensorflow_gpu_tensors_through_dlpack_at_np2(case, fake_nccl):
     pytest.importorskip("tensorflow")
     env = dict(_mpi_env(fake_nccl), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     _check("tests/mpi/tf_gpu_cases.py", case, 2, env)
+
+
+def test_an_nccl_error_cupy_13_cannot_name_is_said_plainly():
+    """CuPy 13's NcclError knows codes 0-5; a remote error (6) came out of
+    check_async_error as KeyError: 6."""
+    from coordinator import gpu
+
+    pending = gpu_fakes._Event()
+    pending.done_at = float("inf")
+
+    def remote_error():
+        raise KeyError(6)
+
+    with pytest.raises(RuntimeError, match=r"NCCL asynchronous error 6 \(ncclRemoteError"):
+        gpu.DeviceWait(0, [pending], check=remote_error).ready()
+
+    def other():
+        raise KeyError("not a status")
+
+    with pytest.raises(KeyError):
+        gpu.DeviceWait(0, [pending], check=other).ready()
