@@ -679,6 +679,7 @@ class EndedDriver:
     stop_reason = None
     generation = 1
     worlds = {1: [("a", 0), ("b", 0)]}
+    registered = {(1, 0): ("a", 11, 0.0), (1, 1): ("b", 12, 0.0)}
 
     def __init__(self, outcomes):
         self.outcomes = outcomes
@@ -701,6 +702,12 @@ def test_the_end_of_a_job_names_the_workers_that_ended_without_reporting(monkeyp
     assert "no worker of it was left to carry the job's state on" in text, text
     # A rank that raised says so itself; the job's status is its.
     assert launch._status(EndedDriver({0: Outcome(0), 1: Outcome(2)}), 2, None) == (2, None)
+    # No worker ever joined (the program never called init), every process
+    # exited 0: a success, as for Horovod; exited otherwise, the job failed.
+    never = EndedDriver({})
+    never.registered = {}
+    assert launch._status(never, 0, None) == (0, None)
+    assert launch._status(never, 3, None)[0] == 3
     # Stopped from outside: not what happened in the job.
     monkeypatch.setattr(run, "_forwarded", [15, 15])
     assert launch._status(EndedDriver({}), 143, None) == (

@@ -123,6 +123,10 @@ def _status(driver, status, watcher):
     if world and len(outcomes) == len(world) and all(o.exit_code == 0
                                                      for o in outcomes.values()):
         return 0, None
+    if status == 0 and not driver.registered:
+        # No worker ever joined (the program never called init): every
+        # process exited 0, which Horovod's elastic driver counts a success.
+        return 0, None
     from coordinator import run as runmod
 
     stopped = runmod.forwarded_signals()
