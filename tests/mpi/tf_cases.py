@@ -568,7 +568,7 @@ def case_invalid_arguments_raise_invalid_argument(core):
     exc = expect_raises(TypeError, hvd.allreduce, tf.constant(["s"]))
     assert "string" in str(exc)
     expect_raises(TypeError, hvd.allreduce, tf.constant([True]))
-    expect_raises(TypeError, tf.function(lambda: hvd.allgather(tf.constant([1], tf.uint16))))
+    expect_raises(TypeError, tf.function(lambda: hvd.allgather(tf.constant([1], tf.uint32))))
 
 
 def case_a_dtype_one_rank_refuses_eagerly_fails_on_every_rank_naming_it(core):
@@ -579,8 +579,8 @@ def case_a_dtype_one_rank_refuses_eagerly_fails_on_every_rank_naming_it(core):
     calls = [
         (hvd.allreduce, tf.ones(2), tf.constant(["s"]), dict(name="refused_dtype")),
         (hvd.grouped_allreduce, [tf.ones(2), tf.ones(1)],
-         [tf.ones(2), tf.constant([1], tf.uint16)], {}),
-        (hvd.allgather, tf.ones(2), tf.constant([1], tf.uint16), {}),
+         [tf.ones(2), tf.constant([1], tf.uint32)], {}),
+        (hvd.allgather, tf.ones(2), tf.constant([1], tf.uint32), {}),
         (hvd.reducescatter, tf.ones(n), tf.constant([True] * n), dict(op=hvd.Sum)),
     ]
     for fn, good, spoiled, kwargs in calls:
