@@ -1166,3 +1166,33 @@ def test_an_nccl_error_cupy_13_cannot_name_is_said_plainly():
 
     with pytest.raises(KeyError):
         gpu.DeviceWait(0, [pending], check=other).ready()
+
+
+def test_an_nccl_abort_that_waits_for_a_peer_never_holds_the_rank_up():
+    """NCCL's abort waits for the communicator's other ranks on the machine;
+    a failed job's peer stuck elsewhere never comes: the aborts run in a
+    helper thread, waited for a bounded time, in the order given."""
+    import threading
+
+    from coordinator.ops.nccl_ops import abort_all
+
+    release, order = threading.Event(), []
+
+    class Comm:
+        def __init__(self, name, blocks=False, fails=False):
+            self.name, self.blocks, self.fails = name, blocks, fails
+
+        def abort(self):
+            order.append(self.name)
+            if self.fails:
+                raise RuntimeError("old NCCL")
+            if self.blocks:
+                release.wait()
+
+    assert abort_all([Comm("a", fails=True), Comm("b")], wait=5.0) is True
+    assert order == ["a", "b"]
+    order.clear()
+    assert abort_all([Comm("c", blocks=True), Comm("d")], wait=0.2) is False
+    assert order == ["c"]  # still waiting for its peer; the caller went on
+    release.set()
+    assert abort_all([], wait=0.0) is True

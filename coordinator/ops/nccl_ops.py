@@ -72,6 +72,7 @@ import contextlib
 import logging
 import platform
 import struct
+import threading
 
 import numpy as np
 
@@ -87,6 +88,37 @@ UNSIGNED_CHAR = platform.machine().lower() in {"aarch64", "arm64", "armv7l", "pp
                                                 "ppc64", "s390x"}
 
 log = logging.getLogger("coordinator")
+
+# Seconds shutdown() and a revoke wait for NCCL's aborts to return.
+ABORT_WAIT = 10.0
+
+
+def abort_all(comms, wait):
+    """Aborts NCCL communicators (ncclCommAbort) in a helper thread and waits
+    for it `wait` seconds at most; True when every abort returned. Recent
+    NCCL releases make the abort wait for the communicator's other ranks on
+    this machine, and a failed job's peer may never come to it (stuck in
+    its own synchronize): the caller goes on without, rather than hang the
+    rank's exit. CuPy releases the interpreter lock in the call."""
+    if not comms:
+        return True
+    done = threading.Event()
+
+    def run():
+        for comm in comms:
+            try:
+                comm.abort()
+            except Exception as exc:  # an old CuPy or NCCL: nothing better to do
+                log.warning("could not abort an NCCL communicator: %s", exc)
+        done.set()
+
+    threading.Thread(target=run, name="coordinator-nccl-abort", daemon=True).start()
+    if done.wait(wait):
+        return True
+    log.warning("aborting %d NCCL communicator(s) did not return within %.0f s (NCCL's abort "
+                "waits for the communicator's other ranks on this machine, and one has not "
+                "come to it); going on without it", len(comms), wait)
+    return False
 
 
 class _Lane:
@@ -258,18 +290,17 @@ class NCCLOps:
         ids, as the host backend does its own (mpi_ops' module doc)."""
         self.comms.start(process_set_id)
 
-    def abort_communicators(self):
+    def abort_communicators(self, wait=None):
+        """Aborts and forgets every NCCL communicator, in the order they were
+        made (the same on every rank), waiting `wait` seconds at most
+        (ABORT_WAIT by default): see abort_all."""
         comms = [lane.comm for lane in self._lanes.values()]
         comms += [pair.comm for pair in self._pairs.values()]
         comms += [group.comm for group in self._groups.values()]
         self._lanes.clear()
         self._pairs.clear()
         self._groups.clear()
-        for comm in comms:
-            try:
-                comm.abort()
-            except Exception as exc:  # an old CuPy or NCCL: nothing better to do
-                log.warning("could not abort an NCCL communicator: %s", exc)
+        return abort_all(comms, ABORT_WAIT if wait is None else wait)
 
     # -------------------------------------------------------------- lanes
     def _lane(self, response, entries):
