@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from coordinator import dtypes
+from coordinator import dtypes, gpu
 from coordinator.control_channel import (TAG_REQUEST, TAG_RESPONSE, TAG_ROUND,
                                          TAG_ROUND_RESPONSE, peer_failure)
 from coordinator.controller import CACHEABLE, Controller
@@ -1530,18 +1530,14 @@ class Background:
 
     def _local_device(self, resp, entries):
         """The device this rank runs `resp` on: -1 for the host; for a GPU,
-        where its own tensors are (resp.device is the ordinal rank 0's
-        request named, and on a machine of several GPUs each rank uses its
-        own: lanes of one GPU keyed by other ranks' ordinals were not kept
-        in one order here), else the one it used last (a joined rank's
-        stand-ins)."""
+        the one the device backends run it on (gpu.home_device: where its
+        own tensors are). resp.device is the ordinal rank 0's request named,
+        and on a machine of several GPUs each rank uses its own: lanes of
+        one GPU keyed by other ranks' ordinals were not kept in one order."""
         if resp.device < 0:
             return -1
-        for e in entries:
-            if e is not None and e.ready_point is not None:
-                self._gpu = e.device
-                return e.device
-        return self._gpu if self._gpu is not None else resp.device
+        self._gpu = gpu.home_device(resp, entries, self._gpu)
+        return self._gpu
 
     def _fail_rest_of_group(self, pset, group, make_error):
         """A grouped operation fails as a unit: this rank's other members of

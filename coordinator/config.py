@@ -15,6 +15,8 @@ _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+# Other names Horovod's users give them (HOROVOD_LOG_LEVEL, --config-file).
+LOG_LEVEL_ALIASES = {"warn": "warning"}
 
 
 def _bool(env, key, default):
@@ -37,7 +39,7 @@ def _log_level(raw):
     """HOROVOD_LOG_LEVEL as one of LOG_LEVELS: any case, WARN for warning;
     anything else is warning, as in Horovod, said on stderr."""
     level = raw.strip().lower() or "warning"
-    level = {"warn": "warning"}.get(level, level)
+    level = LOG_LEVEL_ALIASES.get(level, level)
     if level not in LOG_LEVELS:
         import sys
 

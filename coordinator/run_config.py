@@ -159,10 +159,11 @@ def _convert(value, kind, where):
 
         return ",".join(str(c) for c in parse_cores(str(value)))
     if kind == "level":
-        value = str(value).lower()
-        value = {"warn": "warning"}.get(value, value)
+        from coordinator.config import LOG_LEVEL_ALIASES
         from coordinator.run import LOG_LEVELS
 
+        value = str(value).lower()
+        value = LOG_LEVEL_ALIASES.get(value, value)
         if value not in LOG_LEVELS:
             raise ValueError(f"{where}: {value!r} is not one of {', '.join(LOG_LEVELS)}")
         return value

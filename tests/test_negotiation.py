@@ -228,8 +228,7 @@ def test_a_tensor_a_round_runs_leaves_its_cycle_slot_at_once():
     bg.timeline = types.SimpleNamespace(enabled=False)
     bg.ops = types.SimpleNamespace(run=running)
     bg.config = types.SimpleNamespace(async_completion=False)
-    bg._gpu = None
-    bg._execute(pb.Response(op=pb.ALLREDUCE, names=["k"]))
+    bg._execute(pb.Response(op=pb.ALLREDUCE, names=["k"], device=-1))  # a host tensor
     assert bg.executor and not e.done  # running
     assert bg.fast == {} and bg.cycle.bits == 0  # and out of the cycle already
 

@@ -215,14 +215,14 @@ class Making:
         self.comm = None
         self.error = None
         self.done = threading.Event()
-        self.make = make
+        self._make = make
         if start:
-            threading.Thread(target=self._run, args=(make,), name="coordinator-communicator",
+            threading.Thread(target=self.run, name="coordinator-communicator",
                              daemon=True).start()
 
-    def _run(self, make):
+    def run(self):
         try:
-            self.comm = make()
+            self.comm = self._make()
         except BaseException as exc:  # raised where the operation waits for it
             self.error = exc
         finally:
@@ -289,7 +289,7 @@ class InOrder:
                     self._running = False
                     return
                 making = self._queue.popleft()
-            making._run(making.make)
+            making.run()
 
 
 def mpi_cuda_aware(maps="/proc/self/maps"):
