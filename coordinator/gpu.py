@@ -438,10 +438,13 @@ def ready_events(entries):
     return list(seen.values())
 
 
-def fence_events(entries):
+def fence_events(entries, late=False):
     """What a backend's stream waits for before it writes results into memory
     it takes from CuPy's pool now: an event recorded now on each caller's
-    stream where an entry's ready point was recorded early (ReadyPoint).
+    stream where an entry's ready point was recorded early (ReadyPoint), or
+    on every caller's stream where the memory is taken `late`: after the
+    operation launched and yielded (the staging backend's host round trip),
+    when the caller may have queued such kernels since its launch.
     The pool hands out memory some earlier result held until its last
     reference went; the caller's kernels that read that result were queued
     on its stream before that, but maybe after the early event, so without
@@ -461,7 +464,8 @@ def fence_events(entries):
     with _pending_lock:  # (no wait lands between the check and the record)
         for e in entries:
             point = e.ready_point if e is not None else None
-            if (point is not None and point.early and point.stream.ptr != _PER_THREAD_STREAM
+            if (point is not None and (point.early or late)
+                    and point.stream.ptr != _PER_THREAD_STREAM
                     and _stream_waits[(point.device, point.stream.ptr)] == point.waits):
                 streams.setdefault((point.device, point.stream.ptr), point)
         for point in streams.values():
@@ -473,15 +477,17 @@ def fence_events(entries):
 class Fence:
     """For one operation: `empty()` gives a new device array for a result,
     from CuPy's pool, with `stream` made to wait for fence_events(entries)
-    first (once, at the first result; none if the operation makes none)."""
+    first (once, at the first result; none if the operation makes none).
+    `late`: as fence_events says."""
 
-    def __init__(self, stream, entries):
+    def __init__(self, stream, entries, late=False):
         self.stream = stream
         self.entries = entries
+        self.late = late
 
     def empty(self, shape, dtype):
         if self.entries is not None:
-            for event in fence_events(self.entries):
+            for event in fence_events(self.entries, self.late):
                 self.stream.wait_event(event)
             self.entries = None
         return cupy().empty(shape, dtype)

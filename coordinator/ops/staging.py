@@ -171,7 +171,7 @@ class HostStaging:
         device = self._device
         stream = self._stream(device)
         cp = self.cp
-        outputs, hosts, fence = [], [], gpu.Fence(stream, entries)
+        outputs, hosts, fence = [], [], gpu.Fence(stream, entries, late=True)
         with cp.cuda.Device(device), stream:
             for e, result in zip(entries, results):
                 extra = None
