@@ -23,6 +23,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import types
 
@@ -460,6 +461,35 @@ def test_staging_writes_a_result_from_the_pool_after_what_its_caller_queued_sinc
     assert done.events[-1].done_at >= caller.busy_until
 
 
+def test_staging_fences_what_its_caller_queued_during_the_host_round_trip(fake_cupy):
+    """The staging backend takes its results' memory from the pool only
+    after the host round trip, long after the ready events were recorded
+    (at launch, for the copy to the host): kernels the caller queued
+    meanwhile may still read an earlier result whose memory the pool hands
+    out again. The copy back waits for an event recorded then."""
+    ops, _ = _staged(fake_cupy)
+    caller = gpu_fakes._Stream(non_blocking=True)
+    e = _entry(pb.ALLGATHER, np.arange(4, dtype=np.float32))
+    e.ready_point = gpu.ReadyPoint(0, caller)
+    run = ops.allgather(_response(pb.ALLGATHER, pb.FLOAT32, sizes=[4]), [e], ["t"])
+    copied = next(run)  # the copy to the host, behind the event recorded at launch
+    assert not e.ready_point.early
+    caller.spend(60.0)  # then, during the round trip: reads of an earlier result
+    done = _until_waiting(_resumed(run, copied))
+    assert done is not None, "the copy back did not wait for the caller's kernels"
+    assert done.events[-1].done_at >= caller.busy_until
+
+
+def _resumed(gen, first):
+    """`gen`, already advanced to `first`, as a generator from `first` on."""
+    sent = yield first
+    while True:
+        try:
+            sent = yield gen.send(sent)
+        except StopIteration as stop:
+            return stop.value
+
+
 def test_no_fence_where_the_ready_event_was_recorded_at_launch(fake_cupy):
     stream = gpu_fakes._Stream(non_blocking=True)
     e = types.SimpleNamespace(ready_point=gpu.ReadyPoint(0, stream))
@@ -593,6 +623,84 @@ def test_an_nccl_allreduce_teaches_its_lane_how_long_it_ran_on_the_device(host_k
                         ["a", "b"]))
     assert all(e.done_event.timing is None for e in empty)
     assert times.predict(8000) == pytest.approx(0.5 + 8000 / 1e6)
+
+
+def test_an_allreduce_is_timed_from_after_its_fence(host_kernels, monkeypatch):
+    """The fence on the caller's stream (gpu.fence_events) is a wait for the
+    caller's kernels, not the call's own time: the timed start event is
+    recorded behind it, so a lane does not learn that its calls run as long
+    as the caller's backward pass (Executor.busy_for)."""
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    caller = gpu_fakes._Stream(non_blocking=True)
+    e = _entry(pb.ALLREDUCE, np.ones(4, np.float32))
+    e.ready_point = gpu.ReadyPoint(0, caller)
+    e.ready_point.event()  # early: the lane was idle at submission
+    caller.spend(60.0)
+    gen = ops.allreduce(_response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM), [e], ["t"])
+    waiting = next(gen)
+    while getattr(waiting, "timing", None) is None:  # the lane opens over "MPI" first
+        assert waiting.ready()
+        waiting = gen.send(None)
+    start = waiting.timing[0]
+    assert start.done_at >= caller.busy_until
+
+
+def _blocking_destroy(comm, order):
+    """Makes `comm.destroy()` wait for the returned event (as NCCL's waits for
+    a stopped peer on the same machine); `order` lists what was destroyed."""
+    release = threading.Event()
+
+    def destroy():
+        assert release.wait(30)
+        order.append(comm)
+
+    comm.destroy = destroy
+    return release
+
+
+def test_removing_a_set_does_not_wait_for_its_nccl_communicators_destroy(host_kernels,
+                                                                         monkeypatch):
+    """ncclCommDestroy waits for the communicator's queued work and, in
+    recent NCCL releases, for its other ranks on this machine: a member
+    stopped there would stop the background thread (every lane, the
+    watchdog). The set's lanes are forgotten at once and destroyed in a
+    helper thread, in the order the sets were removed."""
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    comms, releases, order = [], [], []
+    for pid in (0, 1):
+        response = _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM)
+        response.process_set_id = pid
+        drive(ops.allreduce(response, [_entry(pb.ALLREDUCE, np.ones(4, np.float32))], ["t"]))
+        comm = ops._lanes[(pid, 0)].comm
+        comms.append(comm)
+        releases.append(_blocking_destroy(comm, order))
+    ops.remove_process_set(1)
+    ops.remove_process_set(0)  # returns while set 1's destroy still waits
+    assert not ops._lanes
+    assert order == []
+    for release in releases:
+        release.set()
+    assert ops._destroyer.wait(30)
+    assert order == [comms[1], comms[0]]
+
+
+def test_shutdown_aborts_removed_communicators_not_destroyed_yet(host_kernels, monkeypatch):
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    comms, order = [], []
+    for pid in (0, 1):
+        response = _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM)
+        response.process_set_id = pid
+        drive(ops.allreduce(response, [_entry(pb.ALLREDUCE, np.ones(4, np.float32))], ["t"]))
+        comms.append(ops._lanes[(pid, 0)].comm)
+    release = _blocking_destroy(comms[0], order)
+    aborted = []
+    comms[1].abort = lambda: aborted.append(comms[1])
+    ops.remove_process_set(0)
+    ops.remove_process_set(1)  # queued behind set 0's destroy, which waits
+    assert not ops.abort_communicators(wait=0.2)  # set 0's destroy is still under way
+    assert aborted == [comms[1]] and order == []
+    release.set()
+    assert ops._destroyer.wait(30) and order == [comms[0]]
 
 
 def test_the_simulated_gpu_spends_stream_time_and_moves_nothing():

@@ -73,6 +73,7 @@ import logging
 import platform
 import struct
 import threading
+import time
 
 import numpy as np
 
@@ -119,6 +120,57 @@ def abort_all(comms, wait):
                 "waits for the communicator's other ranks on this machine, and one has not "
                 "come to it); going on without it", len(comms), wait)
     return False
+
+
+class _Destroyer:
+    """Destroys removed sets' NCCL communicators (ncclCommDestroy) in a
+    helper thread, one at a time, in the order the sets were removed, which
+    is the same on every rank. The destroy waits for the communicator's
+    queued work, and recent NCCL releases make it wait for its other ranks on
+    this machine too: on the background thread, one member stopped there
+    would stop every lane of this rank, watchdog included. Each communicator
+    goes with its lane, whose buffers the queued work may still use."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._waiting = collections.deque()  # lanes not destroyed yet
+        self._busy = False  # a thread is running
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def destroy(self, lanes):
+        with self._lock:
+            self._waiting.extend(lanes)
+            if self._busy or not self._waiting:
+                return
+            self._busy = True
+            self._idle.clear()
+        threading.Thread(target=self._run, name="coordinator-nccl-destroy", daemon=True).start()
+
+    def _run(self):
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    self._busy = False
+                    self._idle.set()
+                    return
+                lane = self._waiting.popleft()
+            try:
+                lane.comm.destroy()
+            except Exception as exc:  # a peer's failure shows on a live lane, not here
+                log.warning("could not destroy a removed process set's NCCL communicator: %s",
+                            exc)
+
+    def take_waiting(self):
+        """The communicators not being destroyed yet (to abort them instead)."""
+        with self._lock:
+            lanes = list(self._waiting)
+            self._waiting.clear()
+        return [lane.comm for lane in lanes]
+
+    def wait(self, seconds):
+        """Waits up to `seconds` for the destroys under way; True once none is."""
+        return self._idle.wait(seconds)
 
 
 class _Lane:
@@ -248,6 +300,7 @@ class NCCLOps:
         self.topology = topology
         self._groups = {}  # ("local" or "cross", device) -> _Lane
         self._fence = None  # gpu.Fence of the operation in _on
+        self._destroyer = _Destroyer()  # removed sets' communicators
         self.two_level_calls = 0
         self._types = {pb.INT8: nccl.NCCL_INT8, pb.UINT8: nccl.NCCL_UINT8,
                        pb.INT32: nccl.NCCL_INT32, pb.INT64: nccl.NCCL_INT64,
@@ -272,12 +325,15 @@ class NCCLOps:
         return gpu.zeros(shape, dtype, device, stream)
 
     def remove_process_set(self, process_set_id):
-        """Destroys the set's NCCL communicators (NCCL finishes their queued
-        work first). Its MPI communicators belong to the staging backend's
-        host backends, which release them."""
+        """Forgets the set's lanes and has their NCCL communicators destroyed
+        (NCCL finishes their queued work first) without waiting (_Destroyer).
+        Its MPI communicators belong to the staging backend's host backends,
+        which release them."""
+        removed = []
         for lanes in (self._lanes, self._pairs):
             for key in [k for k in lanes if k[0] == process_set_id]:
-                lanes.pop(key).comm.destroy()
+                removed.append(lanes.pop(key))
+        self._destroyer.destroy(removed)
 
     def revoke(self):
         """A peer died: aborts every NCCL communicator (ncclCommAbort: queued
@@ -293,14 +349,20 @@ class NCCLOps:
     def abort_communicators(self, wait=None):
         """Aborts and forgets every NCCL communicator, in the order they were
         made (the same on every rank), waiting `wait` seconds at most
-        (ABORT_WAIT by default): see abort_all."""
-        comms = [lane.comm for lane in self._lanes.values()]
+        (ABORT_WAIT by default): see abort_all. Removed sets' communicators
+        not destroyed yet are aborted instead; for one being destroyed, it
+        waits within the same time."""
+        wait = ABORT_WAIT if wait is None else wait
+        comms = self._destroyer.take_waiting()
+        comms += [lane.comm for lane in self._lanes.values()]
         comms += [pair.comm for pair in self._pairs.values()]
         comms += [group.comm for group in self._groups.values()]
         self._lanes.clear()
         self._pairs.clear()
         self._groups.clear()
-        return abort_all(comms, ABORT_WAIT if wait is None else wait)
+        started = time.monotonic()
+        aborted = abort_all(comms, wait)
+        return self._destroyer.wait(max(0.0, wait - (time.monotonic() - started))) and aborted
 
     # -------------------------------------------------------------- lanes
     def _lane(self, response, entries):
@@ -487,11 +549,12 @@ class NCCLOps:
         cp, stream = self.cp, lane.stream
         total = sum(e.tensor.size for e in entries)
         with self._on(lane, entries):
-            # Timed from here, where its inputs are ready (no call: nothing to time).
+            outputs = self._outputs(response, entries)  # (behind their fence, if any)
+            # Timed from here, where its inputs are ready and its outputs free
+            # (no call: nothing to time).
             timing = ((gpu.record(stream, timed=True), total * buf_dtype.itemsize)
                       if total else None)
             phases = self._phases(stream)
-            outputs = self._outputs(response, entries)
             if len(entries) == 1 and buf_kind == kind:
                 src, out = entries[0].tensor, outputs[0]
                 if out.size:
@@ -534,8 +597,8 @@ class NCCLOps:
         kind, buf_kind, buf_dtype, ntype, op, divisor = self._reduction(response, lane)
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
-            phases = self._phases(stream)
             outputs = self._outputs(response, entries)
+            phases = self._phases(stream)
             total = sum(e.tensor.size for e in entries)
             if total:
                 share = -(-total // local.size)  # the last rank's share is padded
