@@ -5,9 +5,11 @@ coordinator's.
 The core takes CuPy arrays and any array that exposes
 `__cuda_array_interface__` or DLPack on a CUDA device, and views them as
 CuPy arrays over the same memory (`cupy.asarray`, `cupy.from_dlpack`).
-CuPy has no bfloat16 dtype: a bfloat16 tensor goes in as `bfloat16(view)`,
-a 16-bit integer view of its memory, and results come back as int16 arrays
-holding the bfloat16 bits.
+CuPy 13 has no bfloat16 dtype: a bfloat16 tensor goes in as
+`bfloat16(view)`, a 16-bit integer view of its memory, and results come
+back as int16 arrays holding the bfloat16 bits. CuPy 14 has the dtype
+(ml_dtypes'): an array of it goes in as it is, and its results are
+bfloat16 arrays (result_dtype).
 
 At submit, the core notes the caller's stream on the tensor's device (a
 `ReadyPoint`): CuPy's current stream there, or the one a frontend names for
@@ -199,6 +201,18 @@ def storage_dtype(dtype):
     """The dtype a device array of `dtype` is held in (bfloat16: int16)."""
     dtype = np.dtype(dtype)
     return np.dtype(np.int16) if dtype == dtypes.BFLOAT16 else dtype
+
+
+def result_dtype(entry, storage):
+    """The dtype of a new device array for `entry`'s result: that of the
+    array it was submitted as (its int16 view where a frontend gave
+    bfloat16(view); bfloat16 itself where CuPy has the dtype, from v14 on,
+    and the caller gave such an array), else `storage` (a joined rank's
+    stand-in, a receiver)."""
+    tensor = getattr(entry, "tensor", None)
+    if tensor is not None and tensor.dtype.itemsize == storage.itemsize:
+        return tensor.dtype
+    return storage
 
 
 def zeros(shape, dtype, device, stream):

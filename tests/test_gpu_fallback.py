@@ -843,6 +843,59 @@ def test_nccl_allreduce_widens_int16_and_reduces_bfloat16_bits(host_kernels, mon
                                       values.astype(np.float32) * 2)
 
 
+def _bfloat16_results(run_op, reductions=True):
+    """{op: result dtype} of each op run by `run_op(op, response, entries)` on
+    a native bfloat16 device array (CuPy 14 has the dtype)."""
+    values = np.array([[1.5, -2.25], [3.0, 0.5]], np.float32).astype(BF16)
+    cases = {
+        "allreduce": (pb.ALLREDUCE, {"reduce_op": pb.SUM}),
+        "allgather": (pb.ALLGATHER, {"sizes": [2]}),
+        "broadcast": (pb.BROADCAST, {}),
+        "alltoall": (pb.ALLTOALL, {"sizes": [2]}),
+        "reducescatter": (pb.REDUCESCATTER, {"reduce_op": pb.SUM}),
+    }
+    dtypes_out = {}
+    for name, (op, fields) in cases.items():
+        if not reductions and fields.get("reduce_op") is not None:
+            continue
+        e = _entry(op, values)
+        assert e.dtype_info.dtype == BF16
+        (out,) = run_op(name, _response(op, pb.BFLOAT16, **fields), [e])
+        if isinstance(out, tuple):
+            out = out[0]
+        np.testing.assert_array_equal(out.get().view(BF16), values)
+        dtypes_out[name] = out.dtype
+    return dtypes_out
+
+
+def test_a_native_bfloat16_array_gets_bfloat16_results(host_kernels, monkeypatch):
+    """CuPy 14 has a bfloat16 dtype: the results of such an array are
+    bfloat16 arrays too, not the int16 the backends hold bfloat16 in (a
+    frontend's bfloat16(<int16 view>) still gets int16 views back)."""
+    if BF16 is None:
+        pytest.skip("needs ml_dtypes")
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+
+    def run_nccl(name, response, entries):
+        kwargs = {"root": 0} if name == "broadcast" else {}
+        return drive(getattr(ops, name)(response, entries, ["t"], **kwargs))
+
+    assert set(_bfloat16_results(run_nccl).values()) == {np.dtype(BF16)}
+    staged, _ = _staged(gpu_fakes.fake_cupy(None, host_kernels))
+
+    def run_staged(name, response, entries):
+        kwargs = {"root": 0} if name == "broadcast" else {}
+        return drive(getattr(staged, name)(response, entries, ["t"], **kwargs))
+
+    # (The host's bfloat16 reductions need MPI, which this process has not started.)
+    assert set(_bfloat16_results(run_staged, reductions=False).values()) == {np.dtype(BF16)}
+    bits = _entry(pb.ALLGATHER, np.array([1.5], np.float32).astype(BF16).view(np.int16))
+    bits.dtype_info = dtypes.BY_DTYPE[BF16]
+    (out,) = drive(ops.allgather(_response(pb.ALLGATHER, pb.BFLOAT16, sizes=[1]), [bits],
+                                 ["t"]))
+    assert out.dtype == np.int16
+
+
 def test_nccl_reducescatter_allgather_broadcast_alltoall_at_one_rank(host_kernels, monkeypatch):
     ops, nccl = _nccl_ops(host_kernels, monkeypatch)
     x = np.arange(10, dtype=np.float64).reshape(5, 2)

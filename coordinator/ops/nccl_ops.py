@@ -517,8 +517,8 @@ class NCCLOps:
     def _outputs(self, response, entries):
         """Each entry's output: its own, or a new device array (inside `_on`)."""
         storage = self._storage(response.dtype)
-        return [e.output if e.output is not None else self._result(e.shape, storage)
-                for e in entries]
+        return [e.output if e.output is not None
+                else self._result(e.shape, gpu.result_dtype(e, storage)) for e in entries]
 
     @staticmethod
     def _storage(wire):
@@ -635,7 +635,8 @@ class NCCLOps:
         storage = self._storage(response.dtype)
         rows = np.asarray(response.sizes, dtype=np.int64).reshape(len(entries), size)
         with self._on(lane, entries):
-            outputs = [self._result((int(rows[i].sum()),) + tuple(e.shape[1:]), storage)
+            outputs = [self._result((int(rows[i].sum()),) + tuple(e.shape[1:]),
+                                    gpu.result_dtype(e, storage))
                        for i, e in enumerate(entries)]
             self.nccl.groupStart()
             try:
@@ -662,7 +663,8 @@ class NCCLOps:
         lane = yield from self._lane(response, entries)
         with self._on(lane, entries):
             outputs = [e.output if e.output is not None
-                       else self._result(e.shape, gpu.storage_dtype(e.dtype_info.dtype))
+                       else self._result(e.shape, gpu.result_dtype(
+                           e, gpu.storage_dtype(e.dtype_info.dtype)))
                        for e in entries]
             self.nccl.groupStart()
             try:
@@ -691,7 +693,8 @@ class NCCLOps:
         send_starts, recv_starts = _starts(send_counts), _starts(recv_counts)
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
-            out = self._result((int(recv_rows.sum()),) + tuple(e.shape[1:]), storage)
+            out = self._result((int(recv_rows.sum()),) + tuple(e.shape[1:]),
+                               gpu.result_dtype(e, storage))
             src, dst = e.tensor.data.ptr, out.data.ptr
             if recv_counts[me]:
                 cp.cuda.runtime.memcpyAsync(dst + recv_starts[me], src + send_starts[me],
@@ -742,7 +745,8 @@ class NCCLOps:
                 segments.append((0, block - blocks[r]))  # padding
         cp, stream = self.cp, lane.stream
         with self._on(lane, entries):
-            outputs = [self._result((rows[i][me],) + tuple(e.shape[1:]), storage)
+            outputs = [self._result((rows[i][me],) + tuple(e.shape[1:]),
+                                    gpu.result_dtype(e, storage))
                        for i, e in enumerate(entries)]
             if block:
                 send = lane.buffer(cp, "send", block * size, buf_dtype)

@@ -181,7 +181,8 @@ class HostStaging:
                     outputs.append(None)
                     continue
                 out = e.output if e is not None and e.output is not None else \
-                    fence.empty(result.shape, gpu.storage_dtype(result.dtype))
+                    fence.empty(result.shape,
+                                gpu.result_dtype(e, gpu.storage_dtype(result.dtype)))
                 if result.nbytes:
                     host = np.ascontiguousarray(result)
                     hosts.append(host)  # read by the copy until it is done
