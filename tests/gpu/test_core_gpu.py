@@ -315,3 +315,38 @@ def test_staged_ops_hand_mpi_host_memory_only(hvd, cp):
                  reduce_op=pb.ADASUM)
     assert out.shape == (4, 3)
     assert comm.calls > 0
+
+
+def _native_bfloat16(cp):
+    """Whether this CuPy has a bfloat16 dtype (v14 on, through ml_dtypes)."""
+    if BF16 is None:
+        return False
+    try:
+        cp.zeros(1, BF16)
+    except Exception:
+        return False
+    return True
+
+
+def test_native_bfloat16_arrays_get_bfloat16_results(hvd, cp):
+    """CuPy 14's own bfloat16 arrays go in as they are and their results are
+    bfloat16 arrays (not int16 arrays of the bits)."""
+    if not _native_bfloat16(cp):
+        pytest.skip("this CuPy has no bfloat16 dtype (CuPy 14 has)")
+    n, me = hvd.size(), hvd.rank()
+    inputs = [data(r, (n * 2, 3), "bfloat16", seed=9) for r in range(n)]
+    x = cp.asarray(inputs[me].view(np.int16)).view(BF16)
+    assert x.dtype == BF16
+    wide = [a.astype(np.float64) for a in inputs]
+    results = {
+        "allreduce": (hvd.allreduce(x, op=hvd.Sum, name="nbf.ar"), sum(wide)),
+        "allgather": (hvd.allgather(x, name="nbf.ag"), np.concatenate(wide)),
+        "broadcast": (hvd.broadcast(x, root_rank=n - 1, name="nbf.bc"), wide[n - 1]),
+        "alltoall": (hvd.alltoall(x, name="nbf.a2a"),
+                     np.concatenate([w[2 * me:2 * me + 2] for w in wide])),
+        "reducescatter": (hvd.reducescatter(x, op=hvd.Sum, name="nbf.rs"),
+                          sum(wide)[2 * me:2 * me + 2]),
+    }
+    for what, (out, want) in results.items():
+        assert out.dtype == BF16, f"{what}: {out.dtype}"
+        check(out.view(np.int16).get().view(BF16), want, f"native bfloat16 {what}")
