@@ -13,8 +13,13 @@ so nothing is compiled against TensorFlow). Collectives work eagerly and
 inside tf.function; they cannot be compiled by XLA (jit_compile=True raises
 InvalidArgumentError at trace time). See mpi_ops.py for names, ordering.py
 for the order collectives run in within a graph (tf.compat.v1 Sessions
-included), tensor_bridge.py for copies, errors.py for exception types.
+included), tensor_bridge.py for copies, errors.py for exception types, and
+legacy.py for Horovod's TensorFlow 1 API (broadcast_global_variables,
+BroadcastGlobalVariablesHook, DistributedOptimizer of a
+tf.compat.v1.train.Optimizer).
 """
+
+import tensorflow as tf
 
 from coordinator import ProcessSet, add_process_set, global_process_set, remove_process_set
 from frontends.tensorflow.basics import (ccl_built, cross_rank, cross_size, cuda_built,
@@ -32,6 +37,7 @@ from frontends.tensorflow.functions import (allgather_object, broadcast_, broadc
                                             broadcast_object_fn, broadcast_variables)
 from frontends.tensorflow.gradient_tape import (DistributedGradientTape,
                                                 PartialDistributedGradientTape)
+from frontends.tensorflow.legacy import BroadcastGlobalVariablesHook, broadcast_global_variables
 from frontends.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum,
                                           _executing_eagerly, allgather, alltoall, barrier,
                                           broadcast, grouped_allgather, join, local_rank_op,
@@ -39,6 +45,8 @@ from frontends.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Su
                                           size_op)
 from frontends.tensorflow.sync_batch_norm import SyncBatchNormalization
 from frontends.tensorflow import errors as _errors
+from frontends.tensorflow import gradients as _gradients
+from frontends.tensorflow import legacy as _legacy
 from frontends.tensorflow import elastic  # hvd.elastic.run, as in Horovod
 from frontends.tensorflow import util  # hvd.util, as in Horovod
 from frontends.tensorflow.util import _cache, _make_subgraph, refs_to_vars, vars_to_refs
@@ -48,28 +56,31 @@ from frontends.tensorflow.util import _cache, _make_subgraph, refs_to_vars, vars
 _errors.install_graph_error_types()
 
 
-def broadcast_global_variables(root_rank):
-    """TensorFlow 1 graph collections only; TensorFlow 2 code calls
-    broadcast_variables(<variables>, root_rank)."""
-    raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
-                       "Please use `hvd.broadcast_variables(<model/optimizer variables>)` "
-                       "instead.")
-
-
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
                          device_sparse="", compression=Compression.none, sparse_as_dense=False,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True):
-    """For a Keras optimizer, the Keras DistributedOptimizer (see
-    frontends.tensorflow.keras). TensorFlow 1 optimizers
-    (tf.compat.v1.train.Optimizer) are not supported."""
+    """For a tf.compat.v1.train.Optimizer, one that reduces its gradients in
+    compute_gradients (see legacy.py); for a Keras optimizer, the Keras
+    DistributedOptimizer (see frontends.tensorflow.keras)."""
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
+    groups = _gradients.check_groups(groups, num_groups)
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return _legacy.distributed_optimizer(
+            optimizer, name, use_locking, compression, sparse_as_dense,
+            backward_passes_per_step, op, gradient_predivide_factor,
+            average_aggregated_gradients, groups, process_set, scale_local_gradients)
     import keras
 
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise NotImplementedError(
-            f"DistributedOptimizer wraps Keras 3 optimizers; {type(optimizer).__name__} is "
-            "not one. For a custom training loop use hvd.DistributedGradientTape.")
+            f"DistributedOptimizer wraps Keras 3 optimizers and tf.compat.v1.train.Optimizer; "
+            f"{type(optimizer).__name__} is neither. For a custom training loop use "
+            "hvd.DistributedGradientTape.")
     if op == Adasum:
         raise ValueError("op == Adasum is not supported yet with Keras")
     from frontends.tensorflow.keras.optimizer import DistributedOptimizer as _keras_optimizer
@@ -79,7 +90,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                             gradient_predivide_factor=gradient_predivide_factor, op=op,
                             backward_passes_per_step=backward_passes_per_step,
                             average_aggregated_gradients=average_aggregated_gradients,
-                            num_groups=num_groups, groups=groups, process_set=process_set,
+                            groups=groups, process_set=process_set,
                             scale_local_gradients=scale_local_gradients)
 
 
@@ -94,7 +105,7 @@ __all__ = [
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
     "size_op", "local_size_op", "rank_op", "local_rank_op", "process_set_included_op",
     "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
-    "broadcast_global_variables", "Compression", "DistributedGradientTape",
-    "PartialDistributedGradientTape", "DistributedOptimizer", "SyncBatchNormalization",
-    "handle_average_backwards_compatibility",
+    "broadcast_global_variables", "BroadcastGlobalVariablesHook", "Compression",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer",
+    "SyncBatchNormalization", "handle_average_backwards_compatibility",
 ]

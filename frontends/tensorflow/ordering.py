@@ -40,6 +40,13 @@ whose collectives do not depend on each other's results (they reuse one
 name, so give the loop `parallel_iterations=1`), and function calls created
 after a graph's last collective.
 
+`apart()` is for an op that must not pull the others in: collectives created
+under it chain among themselves only, and later ones do not follow them. A
+TF1 program creates the broadcast of its global variables after its training
+step and runs it on its own, once, without the step's feeds (legacy.py);
+chained, it would run the step's collectives too and want their
+placeholders fed.
+
 Why not a non-blocking submit op plus a wait op, chained submissions and
 free waits? Fetching a result would pull in the earlier submissions but not
 their waits, leaving tensors in flight that the next step submits again;
@@ -48,6 +55,7 @@ submission behind the previous wait anyway, doubling the Python ops for no
 overlap.
 """
 
+import contextlib
 import weakref
 
 from tensorflow.python.framework import func_graph as _func_graph
@@ -97,6 +105,35 @@ def in_creation_order(create):
     _follow(op, chains.tails.get(context, []))
     chains.tails[context] = [op]
     return outputs
+
+
+@contextlib.contextmanager
+def apart():
+    """Collectives created in the default graph inside this block form a
+    chain of their own: they follow none created before it, and those
+    created after it follow none of them. Fetch them in session runs of
+    their own: ranks that run both chains in one step may each start the
+    other chain first and wait on each other. Nothing changes where
+    TensorFlow orders the graph itself (a tf.function)."""
+    graph = _tf_ops.get_default_graph()
+    if _automatically_ordered(graph):
+        yield
+        return
+    chains = _CHAINS.setdefault(graph, _Chains())
+    # Calls created before the block belong to the enclosing chains.
+    _chain_calls_so_far(graph, chains)
+    kept, chains.tails = chains.tails, {}
+    try:
+        yield
+    finally:
+        _chain_calls_so_far(graph, chains)
+        chains.tails = kept
+
+
+def _chain_calls_so_far(graph, chains):
+    newest = max(graph._nodes_by_id, default=0)
+    _chain_calls(graph, chains, newest + 1)
+    chains.scanned = newest
 
 
 def _automatically_ordered(graph):

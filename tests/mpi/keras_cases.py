@@ -304,8 +304,12 @@ def case_optimizer_keeps_the_wrapped_class_and_config(core):
     expect_raises(ValueError, hvd.DistributedOptimizer, keras.optimizers.SGD(), op=hvd_tf.Max)
     expect_raises(ValueError, hvd_tf.DistributedOptimizer, keras.optimizers.SGD(),
                   op=hvd_tf.Adasum)
-    expect_raises(NotImplementedError, hvd_tf.DistributedOptimizer,
-                  tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    # A TF1 optimizer takes frontends.tensorflow's own route (legacy.py); other
+    # objects are refused.
+    legacy = hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    assert isinstance(legacy, tf.compat.v1.train.Optimizer)
+    assert not isinstance(legacy, _DistributedOptimizer)
+    expect_raises(NotImplementedError, hvd_tf.DistributedOptimizer, object())
 
 
 def case_jit_compiled_train_step_raises_a_clear_error(core):
