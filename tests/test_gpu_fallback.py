@@ -684,6 +684,49 @@ def test_removing_a_set_does_not_wait_for_its_nccl_communicators_destroy(host_ke
     assert order == [comms[1], comms[0]]
 
 
+def test_a_removed_sets_communicator_outlives_its_operations_in_flight(host_kernels,
+                                                                        monkeypatch):
+    """A set may be removed while an operation of it is in flight (its handle
+    not waited for): the background thread still polls the communicator for
+    errors until it ends, and a destroy beside that poll would free it under
+    the call. The destroy waits for the operation."""
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch, latency=30.0, bandwidth=1e9)
+    destroyed = []
+    response = _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM)
+    response.process_set_id = 1
+    gen = ops.allreduce(response, [_entry(pb.ALLREDUCE, np.ones(4, np.float32))], ["t"])
+    waiting = next(gen)
+    while getattr(waiting, "timing", None) is None:  # the lane opens over "MPI" first
+        assert waiting.ready()
+        waiting = gen.send(None)
+    comm = ops._lanes[(1, 0)].comm
+    comm.destroy = lambda: destroyed.append(comm)
+    assert not waiting.ready()  # 30 s of simulated NCCL
+    ops.remove_process_set(1)
+    assert not ops._lanes
+    assert ops._destroyer.wait(0.2) and destroyed == []  # not handed over yet
+    end = waiting.events[-1]
+    end.done_at, end.stream.busy_until = 0.0, 0.0
+    assert waiting.ready()
+    drive(_resumed(gen, waiting))
+    assert ops._destroyer.wait(30) and destroyed == [comm]
+    # Shut down before such an operation ends: the communicator is aborted,
+    # and not destroyed as well when the operation is dropped.
+    gen = ops.allreduce(response, [_entry(pb.ALLREDUCE, np.ones(4, np.float32))], ["t"])
+    waiting = next(gen)
+    while getattr(waiting, "timing", None) is None:
+        assert waiting.ready()
+        waiting = gen.send(None)
+    comm = ops._lanes[(1, 0)].comm
+    comm.destroy = lambda: destroyed.append(comm)
+    aborted = []
+    comm.abort = lambda: aborted.append(comm)
+    ops.remove_process_set(1)
+    assert ops.abort_communicators(wait=5) and aborted == [comm]
+    gen.close()
+    assert ops._destroyer.wait(30) and len(destroyed) == 1  # the first lane's only
+
+
 def test_shutdown_aborts_removed_communicators_not_destroyed_yet(host_kernels, monkeypatch):
     ops, nccl = _nccl_ops(host_kernels, monkeypatch)
     comms, order = [], []

@@ -177,7 +177,7 @@ class _Lane:
     """What this rank holds for one (process set, device)."""
 
     __slots__ = ("device", "comm", "rank", "size", "stream", "tables", "_spare", "buffers",
-                 "times")
+                 "times", "waiting", "removed")
 
     def __init__(self, cp, device, comm, rank, size, stream):
         self.device = device
@@ -193,6 +193,10 @@ class _Lane:
         # How long its allreduces take on the device (the background thread
         # holds gradients back while the lane is busy for long enough).
         self.times = gpu.CallTimes()
+        # Operations polling its communicator for errors (NCCLOps._wait), and
+        # whether its set was removed meanwhile (destroyed once none is).
+        self.waiting = 0
+        self.removed = False
 
     def turn(self):
         """An operation starts queuing work: it takes the other set of tables."""
@@ -301,6 +305,7 @@ class NCCLOps:
         self._groups = {}  # ("local" or "cross", device) -> _Lane
         self._fence = None  # gpu.Fence of the operation in _on
         self._destroyer = _Destroyer()  # removed sets' communicators
+        self._removed = []  # removed sets' lanes not handed to it yet
         self.two_level_calls = 0
         self._types = {pb.INT8: nccl.NCCL_INT8, pb.UINT8: nccl.NCCL_UINT8,
                        pb.INT32: nccl.NCCL_INT32, pb.INT64: nccl.NCCL_INT64,
@@ -326,14 +331,23 @@ class NCCLOps:
 
     def remove_process_set(self, process_set_id):
         """Forgets the set's lanes and has their NCCL communicators destroyed
-        (NCCL finishes their queued work first) without waiting (_Destroyer).
-        Its MPI communicators belong to the staging backend's host backends,
-        which release them."""
-        removed = []
+        (NCCL finishes their queued work first) without waiting (_Destroyer),
+        each once no operation of it polls it any more (an operation of the
+        set may still be in flight: its handle not waited for). Its MPI
+        communicators belong to the staging backend's host backends, which
+        release them."""
         for lanes in (self._lanes, self._pairs):
             for key in [k for k in lanes if k[0] == process_set_id]:
-                removed.append(lanes.pop(key))
-        self._destroyer.destroy(removed)
+                lane = lanes.pop(key)
+                lane.removed = True
+                self._removed.append(lane)
+                if not lane.waiting:
+                    self._release(lane)
+
+    def _release(self, lane):
+        lane.removed = False
+        self._removed.remove(lane)
+        self._destroyer.destroy([lane])
 
     def revoke(self):
         """A peer died: aborts every NCCL communicator (ncclCommAbort: queued
@@ -354,6 +368,10 @@ class NCCLOps:
         waits within the same time."""
         wait = ABORT_WAIT if wait is None else wait
         comms = self._destroyer.take_waiting()
+        for lane in self._removed:  # (not destroyed after all)
+            lane.removed = False
+            comms.append(lane.comm)
+        self._removed.clear()
         comms += [lane.comm for lane in self._lanes.values()]
         comms += [pair.comm for pair in self._pairs.values()]
         comms += [group.comm for group in self._groups.values()]
@@ -495,6 +513,18 @@ class NCCLOps:
         return self._wait(lane, entries, names, activity, done, phases)
 
     def _wait(self, lane, entries, names, activity, done, phases=None):
+        """Waits for `done`, polling the lane's communicator for errors
+        meanwhile: a removed set's lane is destroyed only once no operation
+        does (_release)."""
+        lane.waiting += 1
+        try:
+            yield from self._wait_for(lane, entries, names, activity, done, phases)
+        finally:
+            lane.waiting -= 1
+            if lane.removed and not lane.waiting:
+                self._release(lane)
+
+    def _wait_for(self, lane, entries, names, activity, done, phases):
         timeline = self.timeline
         if not timeline.enabled:
             yield done
