@@ -97,7 +97,10 @@ def test_every_horovod_name_is_exported():
     from frontends.torch import mpi_ops  # Horovod scripts import from mpi_ops too
 
     for name in ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
-                 "grouped_allreduce", "synchronize", "Average", "is_homogeneous"):
+                 "grouped_allreduce", "synchronize", "Average", "is_homogeneous",
+                 "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+                 "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodAlltoall",
+                 "HorovodReducescatter", "HorovodGroupedReducescatter"):
         assert hasattr(mpi_ops, name), name
 
 

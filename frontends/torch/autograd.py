@@ -173,6 +173,127 @@ class _Reducescatter:
         return _run(mpi_ops._allgather, grads, None, self.process_set, grouped=self.grouped)
 
 
+# ------------------------------------------- Horovod's named Functions
+# horovod.torch.mpi_ops defines one autograd Function per collective, public
+# by name, and some programs call them directly (`HorovodAllreduce.apply(
+# tensor, average, name, op, prescale_factor, postscale_factor,
+# process_set)`). These take the same `apply` arguments and run the rules
+# above; backward gives None for every argument that is not a tensor.
+def _apply_forward(ctx, rule, tensors):
+    ctx.rule = rule
+    return tuple(rule.forward(ctx, tensors))
+
+
+def _apply_backward(ctx, grads, before, after):
+    back = ctx.rule.backward(ctx, [g.contiguous() for g in grads])
+    return (None,) * before + tuple(back) + (None,) * after
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """apply(tensor, average, name, op, prescale_factor, postscale_factor, process_set)"""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        op = handle_average_backwards_compatibility(op, average)
+        rule = _Allreduce(False, name, op, prescale_factor, postscale_factor, process_set)
+        return _apply_forward(ctx, rule, (tensor,))[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _apply_backward(ctx, [grad_output], 0, 6)
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """apply(average, name, op, prescale_factor, postscale_factor, process_set, *tensors)"""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
+                *tensors):
+        op = handle_average_backwards_compatibility(op, average)
+        rule = _Allreduce(True, name, op, prescale_factor, postscale_factor, process_set)
+        return _apply_forward(ctx, rule, tensors)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return _apply_backward(ctx, grad_outputs, 6, 0)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """apply(tensor, name, process_set)"""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        return _apply_forward(ctx, _Allgather(False, name, process_set), (tensor,))[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _apply_backward(ctx, [grad_output], 0, 2)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """apply(name, process_set, *tensors)"""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        return _apply_forward(ctx, _Allgather(True, name, process_set), tensors)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return _apply_backward(ctx, grad_outputs, 2, 0)
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """apply(tensor, root_rank, name, process_set)"""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        return _apply_forward(ctx, _Broadcast(root_rank, name, process_set), (tensor,))[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _apply_backward(ctx, [grad_output], 0, 3)
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """apply(tensor, splits, name, process_set): the output, or (output,
+    received_splits) when splits is given, as Horovod's."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        outs = _apply_forward(ctx, _Alltoall(splits, name, process_set), (tensor,))
+        return outs[0] if splits is None else outs
+
+    @staticmethod
+    def backward(ctx, grad_output, *dead_gradients):
+        return _apply_backward(ctx, [grad_output], 0, 3)
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    """apply(tensor, name, op, process_set, prescale_factor, postscale_factor)"""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        rule = _Reducescatter(False, name, op, prescale_factor, postscale_factor, process_set)
+        return _apply_forward(ctx, rule, (tensor,))[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _apply_backward(ctx, [grad_output], 0, 5)
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """apply(name, op, process_set, prescale_factor, postscale_factor, *tensors)"""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        rule = _Reducescatter(True, name, op, prescale_factor, postscale_factor, process_set)
+        return _apply_forward(ctx, rule, tensors)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return _apply_backward(ctx, grad_outputs, 5, 0)
+
+
 # ------------------------------------------------------------ public forms
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):

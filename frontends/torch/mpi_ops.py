@@ -497,3 +497,7 @@ def barrier(process_set=global_process_set):
 from frontends.torch.autograd import (allgather, allreduce, alltoall, broadcast,  # noqa: E402
                                       grouped_allgather, grouped_allreduce,
                                       grouped_reducescatter, reducescatter)
+from frontends.torch.autograd import (HorovodAllgather, HorovodAllreduce,  # noqa: E402,F401
+                                      HorovodAlltoall, HorovodBroadcast,
+                                      HorovodGroupedAllgather, HorovodGroupedAllreduce,
+                                      HorovodGroupedReducescatter, HorovodReducescatter)

@@ -575,6 +575,58 @@ def case_reducescatter_gradient_follows_horovod(_core):
     same(a.grad, torch.cat(_weights((2, 2), 38)) * n, "grouped reducescatter grad", atol=1e-12)
 
 
+def case_horovods_named_autograd_functions_take_its_apply_arguments(_core):
+    """horovod.torch.mpi_ops's Horovod* Functions, called as Horovod programs
+    call them: same results and gradients as the public forms."""
+    from frontends.torch import mpi_ops
+
+    n, me = hvd.size(), hvd.rank()
+    ps = hvd.global_process_set
+    c = _weights((2 * n * n, 2), 39)  # as many rows as the largest result (allgather)
+
+    def grad_of(run):
+        x = data(me, (2 * n, 2), torch.float64, 40).requires_grad_()
+        out = run(x)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        sum((o * c[me][:o.shape[0]]).sum() for o in outs).backward()
+        return [o.detach() for o in outs], x.grad
+
+    pairs = {
+        "allreduce": (lambda x: mpi_ops.HorovodAllreduce.apply(x, None, None, hvd.Sum, 2.0,
+                                                               1.0, ps),
+                      lambda x: hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0)),
+        "grouped allreduce": (
+            lambda x: mpi_ops.HorovodGroupedAllreduce.apply(None, None, hvd.Average, 1.0, 1.0,
+                                                            ps, x, x * 2),
+            lambda x: hvd.grouped_allreduce([x, x * 2], op=hvd.Average)),
+        "allgather": (lambda x: mpi_ops.HorovodAllgather.apply(x, None, ps),
+                      lambda x: hvd.allgather(x)),
+        "grouped allgather": (lambda x: mpi_ops.HorovodGroupedAllgather.apply(None, ps, x, x),
+                              lambda x: hvd.grouped_allgather([x, x])),
+        "broadcast": (lambda x: mpi_ops.HorovodBroadcast.apply(x, n - 1, None, ps),
+                      lambda x: hvd.broadcast(x, n - 1)),
+        "alltoall": (lambda x: mpi_ops.HorovodAlltoall.apply(x, None, None, ps),
+                     lambda x: hvd.alltoall(x)),
+        "reducescatter": (
+            lambda x: mpi_ops.HorovodReducescatter.apply(x, None, hvd.Sum, ps, 1.0, 0.5),
+            lambda x: hvd.reducescatter(x, op=hvd.Sum, postscale_factor=0.5)),
+        "grouped reducescatter": (
+            lambda x: mpi_ops.HorovodGroupedReducescatter.apply(None, hvd.Average, ps, 1.0,
+                                                                1.0, x),
+            lambda x: hvd.grouped_reducescatter([x], op=hvd.Average)),
+    }
+    for what, (named, public) in pairs.items():
+        (outs, grad), (want_outs, want_grad) = grad_of(named), grad_of(public)
+        assert len(outs) == len(want_outs), what
+        for o, w in zip(outs, want_outs):
+            same(o, w, f"{what} result", atol=1e-12)
+        same(grad, want_grad, f"{what} gradient", atol=1e-12)
+    splits = torch.tensor([2] * n, dtype=torch.int32)
+    out, received = mpi_ops.HorovodAlltoall.apply(data(me, (2 * n, 2), torch.float64, 41),
+                                                  splits, None, ps)
+    assert out.shape == (2 * n, 2) and received.tolist() == [2] * n
+
+
 # ------------------------------------------------------------- last: shutdown
 def case_after_shutdown_collectives_raise_then_init_restores(_core):
     h = hvd.allreduce_async(torch.ones(2), name="before.shutdown")
