@@ -239,3 +239,12 @@ def test_torchs_stream_is_wrapped_for_cupy_on_its_own_device(monkeypatch, cupy_1
     first = _tensors._cupy_stream(1)
     assert _tensors._cupy_stream(1) is first
     assert made == [("from_external", 1) if cupy_14 else ("ExternalStream", 1)]
+
+
+def test_state_handlers_take_horovods_parameter_names():
+    from frontends.torch import elastic
+
+    for cls, name in ((elastic.ModelStateHandler, "model"),
+                      (elastic.OptimizerStateHandler, "optimizer"),
+                      (elastic.SamplerStateHandler, "sampler")):
+        assert list(inspect.signature(cls.__init__).parameters)[1:] == [name], cls

@@ -47,12 +47,12 @@ class _Ref:
         return isinstance(other, _Ref) and other._variable is self._variable
 
 
-def vars_to_refs(variables):
-    """Hashable references to `variables` (nested lists become tuples)."""
-    if isinstance(variables, list):
-        return tuple(vars_to_refs(v) for v in variables)
-    ref = getattr(variables, "ref", None)
-    return ref() if callable(ref) else _Ref(variables)
+def vars_to_refs(vars):  # (Horovod's parameter name, shadowing the builtin)
+    """Hashable references to `vars` (nested lists become tuples)."""
+    if isinstance(vars, list):
+        return tuple(vars_to_refs(v) for v in vars)
+    ref = getattr(vars, "ref", None)
+    return ref() if callable(ref) else _Ref(vars)
 
 
 def refs_to_vars(refs):

@@ -172,11 +172,17 @@ class _StateDictHandler(StateHandler):
 
 
 class ModelStateHandler(_StateDictHandler):
+    def __init__(self, model):  # (Horovod's parameter names, here and below)
+        super().__init__(model)
+
     def sync(self):
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
 class OptimizerStateHandler(_StateDictHandler):
+    def __init__(self, optimizer):
+        super().__init__(optimizer)
+
     def sync(self):
         broadcast_optimizer_state(self.value, root_rank=0)
 
@@ -186,7 +192,8 @@ class LRSchedulerStateHandler(_StateDictHandler):
 
 
 class SamplerStateHandler(_StateDictHandler):
-    pass
+    def __init__(self, sampler):
+        super().__init__(sampler)
 
 
 _handler_registry = [
