@@ -78,6 +78,32 @@ def case_allreduce_every_dtype_and_op(hvd):
         assert avg.dtype == np.dtype(dtype)
 
 
+def case_small_integer_sums_wrap_at_every_length(hvd):
+    """8- and 16-bit integer sums and products wrap as their arithmetic does,
+    whatever the tensor's length: Open MPI 5's vectorized reduction saturated
+    them from 16 elements on (int8: 127 where 8-bit arithmetic gives -56)."""
+    n, me = hvd.size(), hvd.rank()
+    for dtype in (np.int8, np.uint8, np.int16, np.uint16):
+        info = np.iinfo(dtype)
+        for length in (7, 17, 289, 5000):
+            # Values near the top of the range: any two overflow.
+            inputs = [(info.max - np.arange(length) % 7 - r).astype(dtype) for r in range(n)]
+            want_sum = np.stack(inputs).sum(axis=0, dtype=dtype)  # (NumPy's wraps)
+            what = f"{np.dtype(dtype).name}[{length}]"
+            out = hvd.allreduce(inputs[me], op=hvd.Sum, name=f"wrap.sum.{what}")
+            assert_equal(out, want_sum, f"sum {what}")
+            prod = hvd.allreduce(inputs[me], op=hvd.Product, name=f"wrap.prod.{what}")
+            assert_equal(prod, np.prod(np.stack(inputs), axis=0, dtype=dtype), f"product {what}")
+            outs = hvd.grouped_allreduce([inputs[me], inputs[me][:5]], op=hvd.Sum,
+                                         name=f"wrap.group.{what}")
+            assert_equal(outs[0], want_sum, f"grouped sum {what}")
+            assert_equal(outs[1], want_sum[:5], f"grouped sum {what} (short)")
+            rows = inputs[me][:length - length % n].reshape(n, -1)
+            scattered = hvd.reducescatter(rows, op=hvd.Sum, name=f"wrap.rs.{what}")
+            assert_equal(scattered, want_sum[:length - length % n].reshape(n, -1)[me:me + 1],
+                         f"reducescatter {what}")
+
+
 def case_allreduce_bfloat16(hvd):
     if BF16 is None:
         return
