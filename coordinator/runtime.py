@@ -34,7 +34,7 @@ _lock = threading.RLock()
 _runtime = None
 # mpi_defaults: whether MPI was given _mpi_defaults before it started
 _state = {"shut_down": False, "atexit": False, "uncaught": None, "excepthook": False,
-          "resetting": False, "mpi_defaults": False}
+          "resetting": False, "mpi_defaults": False, "finalize_mpi": False}
 
 
 def current():
@@ -49,10 +49,12 @@ class Runtime:
     def __init__(self, comm=None, process_sets=None, config=None):
         # MPI starts here, not when `coordinator` is imported: importing the
         # package (e.g. for coordrun) must not initialise MPI.
-        if "mpi4py.MPI" not in sys.modules:
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is None or not mpi.Is_initialized():
             _mpi_defaults(os.environ)
         elif not _state["mpi_defaults"]:
             _note_missing_defaults(os.environ)
+        _start_mpi()
         from coordinator.background import Background, Collaborators
         from coordinator.control_channel import Transport
         from coordinator.ops import create_backends
@@ -255,6 +257,28 @@ def _mpi_defaults(environ):
     _state["mpi_defaults"] = True
     for name, value in MPI_DEFAULTS.items():
         environ.setdefault(name, value)
+
+
+def _start_mpi():
+    """Starts MPI where the program told mpi4py not to (`mpi4py.rc.initialize
+    = False`; Horovod's init starts it then too), with every thread allowed
+    to call it, and finalizes it at exit, after the coordinator has stopped
+    (so that init may run again after a shutdown)."""
+    from mpi4py import MPI
+
+    if MPI.Is_initialized():
+        return
+    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    if not _state["finalize_mpi"]:
+        _state["finalize_mpi"] = True
+        atexit.register(_finalize_mpi)
+
+
+def _finalize_mpi():
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def _note_missing_defaults(environ):

@@ -47,3 +47,14 @@ def test_sets_registered_back_to_back_get_their_communicators_whatever_a_later_o
     assert sorted(line for line in out.splitlines() if line[:3] in ("OK ", "STU")) == [
         f"OK {r}" for r in range(4)], out[-3000:]
     assert run.returncode == 0, out[-3000:]
+
+
+def test_init_starts_mpi_where_the_program_told_mpi4py_not_to():
+    """mpi4py.rc.initialize = False: init starts MPI, as Horovod's does, and it
+    is finalized at exit (the process aborted in init: MPI_Comm_rank before
+    MPI_Init; found with Horovod's test_process_sets_static.py)."""
+    run = mpirun([os.path.join(SCRIPTS, "init_starts_mpi.py")], np_=2, timeout=120)
+    out = run.stdout + run.stderr
+    assert sorted(line for line in out.splitlines() if line.startswith("OK ")) == [
+        "OK 0", "OK 1"], out[-3000:]
+    assert run.returncode == 0, out[-3000:]
