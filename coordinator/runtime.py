@@ -87,6 +87,8 @@ class Runtime:
             self.timeline.start(path, self.config.timeline_mark_cycles)
         self.process_sets = ProcessSetTable(self.rank)
         self.process_sets.register(global_process_set, 0, range(self.size))
+        # As in Horovod: the communicator init() was given, if it was one.
+        global_process_set.mpi_comm = comm if hasattr(comm, "Get_group") else None
         self.initial_process_sets = {0: tuple(range(self.size))}
         self._pending_sets = {}
         self._create_static_sets(_static_sets(process_sets))

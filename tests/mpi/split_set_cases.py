@@ -91,3 +91,23 @@ def case_every_collective_by_the_same_name_in_both_groups(hvd):
     a2a = hvd.alltoall(np.full(k, me, np.int16), name="c", process_set=SPLIT)
     assert_equal(a2a, np.array(mine, np.int16))
     hvd.barrier(process_set=SPLIT)
+
+
+def case_init_with_a_communicator_records_it_as_the_global_sets(hvd):
+    """As Horovod's init(comm=<communicator>) does (global_process_set.mpi_comm);
+    init without one leaves None. Last: it starts the coordinator again."""
+    from mpi4py import MPI
+
+    assert hvd.global_process_set.mpi_comm is None
+    comm = MPI.COMM_WORLD.Dup()
+    hvd.shutdown()
+    hvd.init(comm=comm)
+    try:
+        assert hvd.global_process_set.mpi_comm is comm
+        assert hvd.global_process_set.ranks == list(range(comm.size))
+        out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.comm.init")
+        assert_equal(out, np.full(2, float(comm.size)))
+    finally:
+        hvd.shutdown()
+        hvd.init()
+    assert hvd.global_process_set.mpi_comm is None
