@@ -44,9 +44,18 @@ class ProcessSet:
         self._my_rank = None
 
     def size(self):
-        """Number of ranks in the set (None until it is registered)."""
+        """Number of ranks in the set (None until it is registered). As in
+        Horovod, ValueError for an id the running coordinator does not hold
+        for this set."""
         if self.process_set_id is None:
             return None
+        if self.process_set_id:
+            from coordinator import runtime
+
+            rt = runtime.current()
+            if rt is not None and rt.process_sets.get(self.process_set_id) is not self:
+                raise ValueError(f"process set {self.process_set_id} does not exist or has not "
+                                 "been registered")
         return len(self._ranks)
 
     def rank(self):

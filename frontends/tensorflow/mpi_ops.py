@@ -56,7 +56,8 @@ from tensorflow.python.ops import control_flow_util as _control_flow_util
 import coordinator as core
 from coordinator import collectives as _core_collectives
 from coordinator import handles as _core_handles
-from coordinator.process_sets import global_process_set
+from coordinator import runtime as _core_runtime
+from coordinator.process_sets import ProcessSet, global_process_set
 from frontends.tensorflow import errors, ordering
 from frontends.tensorflow import tensor_bridge as bridge
 
@@ -171,7 +172,19 @@ def _refusing(kind, op_type, name, process_set, group_size=0):
     other ranks too, which then fail naming this rank instead of waiting
     for it (the name an eager op negotiates under does not depend on its
     tensors). In a graph the op is refused where it is built, under a name
-    the graph gives it, and nothing is told."""
+    the graph gives it, and nothing is told.
+
+    First, as Horovod's ops do where they are called (eagerly or built in a
+    graph, where they ask the set its size): ValueError for a process set
+    the coordinator does not hold, which no other rank needs to hear of. (A
+    set without this rank is the op's InvalidArgumentError, as in Horovod.)"""
+    if process_set is not global_process_set:
+        rt = _core_runtime.current()
+        if rt is not None and (not isinstance(process_set, ProcessSet)
+                               or process_set.process_set_id is None
+                               or rt.process_sets.get(process_set.process_set_id)
+                               is not process_set):
+            _core_collectives._process_set(process_set, rt, kind)  # raises, saying why
     if not _executing_eagerly():
         return contextlib.nullcontext()
     return _core_collectives.refusing(kind, _op_name(op_type, None, name, False), process_set,

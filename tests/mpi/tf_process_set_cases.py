@@ -60,6 +60,47 @@ def _check_unnamed_collectives(my_set, what):
             assert_equal(root.numpy(), np.array([members[-1] + step], np.float32), label)
 
 
+def case_a_set_this_rank_cannot_use_is_a_value_error_where_the_op_is_called(core):
+    """As in Horovod (its test_horovod_allreduce_process_set_id_error): a set
+    that is not registered, or whose id the coordinator holds for another
+    set, is a ValueError when the op is called, eagerly and where a graph
+    builds it. Was: InvalidArgumentError eagerly, and in a graph only when a
+    Session ran the op. (A set without this rank stays the op's
+    InvalidArgumentError, as in Horovod: tf_cases.py.)"""
+    unregistered = hvd.ProcessSet([0, 1])
+    forged = hvd.ProcessSet([hvd.rank()])
+    forged.process_set_id = 10  # (what Horovod's test does)
+    try:
+        forged.size()
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("size() of a set the coordinator does not hold did not raise")
+    calls = {
+        "allreduce": lambda ps: hvd.allreduce(tf.ones(2), process_set=ps),
+        "grouped_allreduce": lambda ps: hvd.grouped_allreduce([tf.ones(2)], process_set=ps),
+        "allgather": lambda ps: hvd.allgather(tf.ones(2), process_set=ps),
+        "broadcast": lambda ps: hvd.broadcast(tf.ones(2), 0, process_set=ps),
+        "alltoall": lambda ps: hvd.alltoall(tf.ones(4), process_set=ps),
+        "reducescatter": lambda ps: hvd.reducescatter(tf.ones(4), process_set=ps),
+    }
+    for what, call in calls.items():
+        for ps in (unregistered, forged):
+            for mode in ("eager", "graph"):
+                try:
+                    if mode == "eager":
+                        call(ps)
+                    else:
+                        with tf.Graph().as_default():
+                            call(ps)
+                except ValueError:
+                    continue
+                raise AssertionError(f"{what} {mode} on {ps!r} raised no ValueError")
+    # The job goes on.
+    assert_equal(hvd.allreduce(tf.constant([1.0]), op=hvd.Sum).numpy(),
+                 np.array([float(hvd.size())], np.float32), "after")
+
+
 def case_documented_even_and_odd_sets_with_unnamed_eager_ops(core):
     assert hvd.size() == 4, "the documented sets are for 4 ranks"
     assert (EVEN_SET.ranks, ODD_SET.ranks) == ([0, 2], [1, 3])
