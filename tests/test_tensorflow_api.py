@@ -165,3 +165,18 @@ def test_every_horovod_name_is_exported():
                  "LearningRateScheduleCallback", "LearningRateWarmupCallback",
                  "BestModelCheckpoint"):
         assert hasattr(callbacks, name), name
+
+
+def test_horovods_common_helpers_are_here_too():
+    """horovod.tensorflow re-exports these from horovod.common.util (Horovod's
+    own Adasum test calls hvd.gpu_available before its GPU skip)."""
+    import tensorflow as tf
+
+    has_gpu = bool(tf.config.list_physical_devices("GPU"))
+    assert hvd.gpu_available("tensorflow") is has_gpu
+    assert hvd.gpu_available("horovod.tensorflow") is has_gpu
+    assert hvd.gpu_available("mxnet") is False
+    assert hvd.split_list([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
+    assert hvd.split_list([1], 3) == [[1], [], []]
+    assert [n for n in range(10) if hvd.check_num_rank_power_of_2(n)] == [1, 2, 4, 8]
+    assert hvd.check_extension("horovod.tensorflow", "HOROVOD_WITH_TENSORFLOW", __file__) is None

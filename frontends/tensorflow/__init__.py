@@ -22,6 +22,7 @@ tf.compat.v1.train.Optimizer).
 import tensorflow as tf
 
 from coordinator import ProcessSet, add_process_set, global_process_set, remove_process_set
+from frontends._util import check_extension, check_num_rank_power_of_2, gpu_available, split_list
 from frontends.tensorflow.basics import (ccl_built, cross_rank, cross_size, cuda_built,
                                          ddl_built, gloo_built, gloo_enabled, init,
                                          is_homogeneous, is_initialized, local_rank, local_size,

@@ -17,6 +17,7 @@ same scale as the averaged ones.
 
 import tensorflow as tf
 
+from frontends._util import split_list
 from frontends.tensorflow import collectives, mpi_ops
 from frontends.tensorflow.mpi_ops import Average
 
@@ -47,13 +48,7 @@ def check_groups(groups, num_groups):
 
 
 def _split_evenly(items, n):
-    base, extra = divmod(len(items), n)
-    out, start = [], 0
-    for i in range(n):
-        end = start + base + (1 if i < extra else 0)
-        out.append(items[start:end])
-        start = end
-    return [chunk for chunk in out if chunk]
+    return [chunk for chunk in split_list(items, n) if chunk]
 
 
 class GradientReducer:

@@ -11,6 +11,7 @@ with the other frontends), with its fusion, response cache and timeline.
 from coordinator.errors import HorovodInternalError
 from coordinator.process_sets import ProcessSet, global_process_set
 from frontends.torch.compression import Compression
+from frontends._util import check_extension  # noqa: F401 (Horovod's horovod.torch has it)
 from frontends.torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, add_process_set,
                                      allgather, allgather_async, allreduce, allreduce_,
                                      allreduce_async, allreduce_async_, alltoall,
