@@ -16,6 +16,8 @@ def init(comm=None, process_sets=None):
     comm: an mpi4py communicator or a list of global ranks (default: all).
     process_sets: ProcessSets to register now (every rank passes the same
     list), or "dynamic" to allow add_process_set/remove_process_set later.
+    Sets that do not fit together are a ValueError, raised as in Horovod
+    once the coordinator runs (with none of them registered).
     A second init() without shutdown() in between is an error.
     In an elastic job, comm=None means the job's current membership."""
     if comm is None:
@@ -24,6 +26,9 @@ def init(comm=None, process_sets=None):
     rt.dynamic_process_sets = (process_sets == "dynamic"
                                or rt.config.dynamic_process_sets)
     collectives.reset_names()
+    error, rt.init_error = rt.init_error, None
+    if error is not None:  # (the coordinator runs, with none of the sets)
+        raise error
 
 
 def _elastic_comm():

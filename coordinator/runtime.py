@@ -91,7 +91,10 @@ class Runtime:
         global_process_set.mpi_comm = comm if hasattr(comm, "Get_group") else None
         self.initial_process_sets = {0: tuple(range(self.size))}
         self._pending_sets = {}
-        self._create_static_sets(_static_sets(process_sets))
+        # A ValueError about the sets given to init(), the same on every rank;
+        # init() raises it once the coordinator runs, as Horovod's does (its
+        # core is up, and init() may be called again with valid sets).
+        self.init_error = self._create_static_sets(_static_sets(process_sets))
         self.ops = create_backends(self.config, self.transport.data_world(),
                                    self.process_sets.members, self.buffers, self.timeline,
                                    self.rank, self.topology, self.transport)
@@ -121,14 +124,24 @@ class Runtime:
         each rank: Horovod's documented `MPI.COMM_WORLD.Split(...)` gives each
         rank only its own group. Every rank's members are gathered (as
         Horovod does), and each distinct group becomes a set; the
-        `ProcessSet` a rank passed stands for the group it belongs to."""
+        `ProcessSet` a rank passed stands for the group it belongs to.
+
+        Sets that do not fit together (decided on what every rank gave, so
+        the same everywhere) register none of them: returns the ValueError
+        that says why, else None."""
         mine = [tuple(self.ranks_of(ps)) for ps in sets]
         everyone = self.transport.allgather(mine)
-        groups_at = _groups_by_position(everyone, sets, self.size)
-        for ps, groups in zip(sets, groups_at):
+        try:
+            groups_at = _groups_by_position(everyone, sets, self.size)
+        except ValueError as exc:
+            return exc
+        seen = set(self.initial_process_sets.values())
+        for groups in groups_at:
             for ranks in groups:
-                if ranks in self.initial_process_sets.values():
-                    raise ValueError(f"process set with ranks {list(ranks)} was given twice")
+                if ranks in seen:
+                    return ValueError(f"process set with ranks {list(ranks)} was given twice")
+                seen.add(ranks)
+        for ps, groups in zip(sets, groups_at):
             for ranks in groups:
                 pid = len(self.initial_process_sets)
                 member = self.rank in ranks

@@ -111,3 +111,36 @@ def case_init_with_a_communicator_records_it_as_the_global_sets(hvd):
         hvd.shutdown()
         hvd.init()
     assert hvd.global_process_set.mpi_comm is None
+
+
+def case_init_with_sets_that_do_not_fit_raises_with_the_coordinator_running(hvd):
+    """As Horovod's init (its test_process_sets_multi_comm): ValueError, with
+    the coordinator running and none of the sets registered; an init with
+    valid sets may follow (the frontends' init joins the running coordinator
+    and adds them). Last: it starts the coordinator again."""
+    from mpi4py import MPI
+
+    from coordinator import basics, runtime
+
+    world = MPI.COMM_WORLD
+    sub = world.Split(color=world.rank % 2, key=world.rank)
+    hvd.shutdown()
+    given = [hvd.ProcessSet(sub), hvd.ProcessSet(world.Dup()), hvd.ProcessSet([0])]
+    try:
+        hvd.init(process_sets=given)  # the second is the global set again
+    except ValueError as exc:
+        assert "given twice" in str(exc), exc
+    else:
+        raise AssertionError("init with the global set given again did not raise")
+    try:
+        assert hvd.is_initialized() and hvd.size() == world.size
+        assert sorted(runtime.current().process_sets.all()) == [0]
+        assert all(ps.process_set_id is None for ps in given), given
+        out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.failed.init")
+        assert_equal(out, np.full(2, float(world.size)))
+        first = hvd.ProcessSet([0])
+        basics.ensure_initialized(process_sets=[first])
+        assert first.process_set_id == 1 and first.size() == 1
+    finally:
+        hvd.shutdown()
+        hvd.init()
