@@ -9,13 +9,14 @@ which dtype the reduction runs in and which MPI datatype and op carry it.
 - float32 and float64 Min and Max go through a user-defined op that
   propagates NaN from any rank (Open MPI's MPI_MIN and MPI_MAX compare with
   `<` and drop it, depending on the order they combine the ranks in).
-- 8- and 16-bit integers are summed (Sum, Average, Product) in int32 and
-  narrowed on the way out, which wraps as 8- and 16-bit arithmetic does
-  (modulo 2^8 or 2^16 divides modulo 2^32). Open MPI 5's AVX reduction
-  module adds them with saturating instructions on vectors of 16 elements
-  or more (int8 of 289 elements summed to 127 where 8-bit arithmetic,
-  torch, TensorFlow and shorter tensors give -56); the scalar path wraps.
-  Min and Max need no widening.
+- 8- and 16-bit integer Sum, Average and Product go through a user-defined
+  op that wraps as their arithmetic does (NumPy's add and multiply). Open
+  MPI 5's AVX reduction module adds them with saturating instructions on
+  vectors of 16 elements or more (int8 of 289 elements summed to 127 where
+  8-bit arithmetic, torch, TensorFlow and shorter tensors give -56); its
+  scalar path wraps. (Summing them in int32 instead would also wrap, but
+  needs four times the memory: 8.6 GB for a 2 G-element int8 tensor.) Min
+  and Max use the built-in ops.
 - Everything else uses MPI's built-in ops.
 
 Other backends (NCCL) have their own policy: it reduces float16 and
@@ -33,9 +34,18 @@ _REDUCE_AS = {np.dtype(np.float16): np.dtype(np.float32)}
 if dtypes.BFLOAT16 is not None:
     _REDUCE_AS[dtypes.BFLOAT16] = np.dtype(np.float32)
 
-# Summed and multiplied in int32 (see the module doc).
-_WIDENED = {np.dtype(t): np.dtype(np.int32) for t in (np.int8, np.uint8, np.int16, np.uint16)}
-_WIDENED_OPS = (pb.SUM, pb.AVERAGE, pb.PRODUCT)
+# Summed and multiplied by a user-defined op that wraps (see the module doc).
+_WRAPPING = {np.dtype(t): code for code, t in enumerate((np.int8, np.uint8, np.int16,
+                                                        np.uint16))}
+_WRAPPING_DTYPES = {code: dt for dt, code in _WRAPPING.items()}
+_WRAPPING_OPS = {pb.SUM: 0, pb.AVERAGE: 0, pb.PRODUCT: 1}
+
+
+def _wrapping_reduce(op_code, kind, invec, inoutvec):
+    """inoutvec = invec + inoutvec (op 0) or invec * inoutvec (op 1), wrapping."""
+    dt = _WRAPPING_DTYPES[kind]
+    out = np.frombuffer(inoutvec, dt)
+    (np.add if op_code == 0 else np.multiply)(np.frombuffer(invec, dt), out, out=out)
 
 _BUILTIN = {pb.SUM: MPI.SUM, pb.AVERAGE: MPI.SUM, pb.MIN: MPI.MIN, pb.MAX: MPI.MAX,
             pb.PRODUCT: MPI.PROD}
@@ -68,9 +78,10 @@ def reduction(info, reduce_op):
     if info.dtype in native.KINDS and halfops is not None and reduce_op in native.OP_CODES:
         return info.dtype, MPI.UINT16_T, _user_op(halfops.reduce, native.OP_CODES[reduce_op],
                                                   native.KINDS[info.dtype])
+    if info.dtype in _WRAPPING and reduce_op in _WRAPPING_OPS:
+        return info.dtype, mpi_datatype(info.dtype), _user_op(
+            _wrapping_reduce, _WRAPPING_OPS[reduce_op], _WRAPPING[info.dtype])
     rdtype = _REDUCE_AS.get(info.dtype, info.dtype)
-    if reduce_op in _WIDENED_OPS:
-        rdtype = _WIDENED.get(rdtype, rdtype)
     if reduce_op in native.MINMAX_CODES and rdtype in native.MINMAX_KINDS:
         reduce = native.minmax.reduce if native.minmax is not None else native.minmax_reference
         return rdtype, mpi_datatype(rdtype), _user_op(
