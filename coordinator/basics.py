@@ -54,11 +54,40 @@ def ensure_initialized(comm=None, process_sets=None):
     if process_sets == "dynamic":
         rt.dynamic_process_sets = True
     elif process_sets:
-        for ps in process_sets:
-            if isinstance(ps, ProcessSet) and ps.process_set_id is not None:
-                continue
-            _add_process_set(rt, ps)
+        _add_sets_of_init(rt, [ps if isinstance(ps, ProcessSet) else ProcessSet(ps)
+                               for ps in process_sets
+                               if not isinstance(ps, ProcessSet) or ps.process_set_id is None])
     return rt
+
+
+def _add_sets_of_init(rt, sets):
+    """Adds the sets a later init() names (collectively, in one order on
+    every rank). As at the first init, a set given by a communicator may
+    name a different group on each rank (`ProcessSet(comm.Split(...))`):
+    every rank's groups are gathered first, each distinct group is added,
+    and the ProcessSet a rank passed stands for the group it belongs to."""
+    from coordinator import runtime as _runtime
+    from coordinator.objects import allgather_object
+
+    if not sets:
+        return
+    everyone = allgather_object([tuple(rt.ranks_of(ps)) for ps in sets],
+                                name="process_set.init")
+    groups_at = _runtime._groups_by_position(everyone, sets, rt.size)
+    # Checked whole first (on what every rank gave, so the same everywhere):
+    # a list that does not fit adds none of its sets.
+    seen = set()
+    for groups in groups_at:
+        for ranks in groups:
+            if ranks in seen or rt.process_sets.find(ranks) is not None:
+                why = "was given twice" if ranks in seen else "already exists"
+                raise ValueError(f"init(process_sets=...): a process set with ranks "
+                                 f"{list(ranks)} {why}")
+            seen.add(ranks)
+    for ps, groups in zip(sets, groups_at):
+        for ranks in groups:
+            mine = rt.rank in ranks or ps.mpi_comm is None
+            _add_process_set(rt, ps if mine else ProcessSet(list(ranks)))
 
 
 def shutdown():

@@ -138,9 +138,30 @@ def case_init_with_sets_that_do_not_fit_raises_with_the_coordinator_running(hvd)
         assert all(ps.process_set_id is None for ps in given), given
         out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.failed.init")
         assert_equal(out, np.full(2, float(world.size)))
-        first = hvd.ProcessSet([0])
-        basics.ensure_initialized(process_sets=[first])
-        assert first.process_set_id == 1 and first.size() == 1
+        # The frontends' init again: a list naming the global set again adds
+        # none of its sets; then a split communicator's sets (a different
+        # group on each rank) and, past 2 ranks, a set by ranks.
+        again = [hvd.ProcessSet(sub), hvd.ProcessSet(world.Dup())]
+        try:
+            basics.ensure_initialized(process_sets=again)
+        except ValueError as exc:
+            assert "already exists" in str(exc), exc
+        else:
+            raise AssertionError("a later init naming the global set did not raise")
+        assert sorted(runtime.current().process_sets.all()) == [0]
+        mine = hvd.ProcessSet(world.Split(color=world.rank % 2, key=world.rank))
+        later = [mine] + ([hvd.ProcessSet([0])] if world.size > 2 else [])
+        basics.ensure_initialized(process_sets=later)
+        registered = {pid: ps.ranks for pid, ps in runtime.current().process_sets.all().items()}
+        evens = list(range(0, world.size, 2))
+        odds = list(range(1, world.size, 2))
+        want = {0: list(range(world.size)), 1: evens, 2: odds}
+        if world.size > 2:
+            want[3] = [0]
+        assert registered == want, registered  # (Horovod's test_process_sets_multi_comm's)
+        assert mine.process_set_id == (1 if world.rank % 2 == 0 else 2), mine
+        out = hvd.allreduce(np.ones(1), op=hvd.Sum, name="in.my.half", process_set=mine)
+        assert_equal(out, np.full(1, float(len(evens if world.rank % 2 == 0 else odds))))
     finally:
         hvd.shutdown()
         hvd.init()
