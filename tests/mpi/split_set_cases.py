@@ -107,6 +107,7 @@ def case_init_with_a_communicator_records_it_as_the_global_sets(hvd):
         assert hvd.global_process_set.ranks == list(range(comm.size))
         out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.comm.init")
         assert_equal(out, np.full(2, float(comm.size)))
+        hvd.barrier()
     finally:
         hvd.shutdown()
         hvd.init()
@@ -162,6 +163,7 @@ def case_init_with_sets_that_do_not_fit_raises_with_the_coordinator_running(hvd)
         assert mine.process_set_id == (1 if world.rank % 2 == 0 else 2), mine
         out = hvd.allreduce(np.ones(1), op=hvd.Sum, name="in.my.half", process_set=mine)
         assert_equal(out, np.full(1, float(len(evens if world.rank % 2 == 0 else odds))))
+        hvd.barrier()  # (the other half may still be reducing: a shutdown would fail it)
     finally:
         hvd.shutdown()
         hvd.init()
