@@ -3,9 +3,9 @@
 Horovod program that passes arguments by keyword or position switches with one
 import. Extra parameters of ours must be optional and come last."""
 
-import inspect
-
 import pytest
+
+from horovod_signatures import AVG, GPS, NONE, REQUIRED, check_signature
 
 pytest.importorskip("tensorflow")
 
@@ -14,8 +14,7 @@ import frontends.tensorflow.keras as hvd_keras  # noqa: E402
 from frontends.tensorflow import util  # noqa: E402
 from frontends.tensorflow.keras import callbacks, elastic as keras_elastic  # noqa: E402
 
-R = REQUIRED = object()
-GPS, NONE, AVG = "global_process_set", "Compression.none", "Average"
+R = REQUIRED
 # horovod.tensorflow 0.28.1 (its __init__, mpi_ops and functions modules).
 HOROVOD_TF = {
     "allreduce": [
@@ -116,25 +115,8 @@ HOROVOD_CLASSES = {
 }
 
 
-def _resolve(default):
-    if not isinstance(default, str):
-        return default
-    return {GPS: hvd.global_process_set, NONE: hvd.Compression.none,
-            AVG: hvd.Average}.get(default, default)
-
-
 def _check(fn, expected, skip_first=False):
-    params = [p for p in inspect.signature(fn).parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if skip_first:
-        params = params[1:]
-    got = [(p.name, REQUIRED if p.default is p.empty else p.default) for p in params]
-    assert [n for n, _ in got[:len(expected)]] == [n for n, _ in expected], got
-    for (pname, default), (_, want) in zip(got, expected):
-        want = _resolve(want)
-        assert default is want or default == want, (pname, default, want)
-    for pname, default in got[len(expected):]:  # extras must be optional
-        assert default is not REQUIRED, pname
+    check_signature(fn, expected, hvd, skip_first)
 
 
 @pytest.mark.parametrize("name", sorted(HOROVOD_TF))
