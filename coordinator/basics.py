@@ -76,14 +76,11 @@ def _add_sets_of_init(rt, sets):
     groups_at = _runtime._groups_by_position(everyone, sets, rt.size)
     # Checked whole first (on what every rank gave, so the same everywhere):
     # a list that does not fit adds none of its sets.
-    seen = set()
-    for groups in groups_at:
-        for ranks in groups:
-            if ranks in seen or rt.process_sets.find(ranks) is not None:
-                why = "was given twice" if ranks in seen else "already exists"
-                raise ValueError(f"init(process_sets=...): a process set with ranks "
-                                 f"{list(ranks)} {why}")
-            seen.add(ranks)
+    repeated = _runtime._repeated_group(
+        groups_at, {tuple(ps.ranks) for ps in rt.process_sets.all().values()})
+    if repeated is not None:
+        raise ValueError(f"init(process_sets=...): a process set with ranks "
+                         f"{list(repeated[0])} {repeated[1]}")
     for ps, groups in zip(sets, groups_at):
         for ranks in groups:
             mine = rt.rank in ranks or ps.mpi_comm is None

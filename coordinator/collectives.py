@@ -152,6 +152,18 @@ def refusing(kind, name, process_set=global_process_set, group_size=0):
 def _process_set(process_set, rt, what):
     if process_set is global_process_set and process_set.process_set_id == 0:
         return process_set  # the common case, always registered and including us
+    registered(process_set, rt, what)
+    if not process_set.included():
+        raise ValueError(f"{what}: rank {rt.rank} is not a member of the provided process "
+                         f"set {process_set.ranks}")
+    return process_set
+
+
+def registered(process_set, rt, what):
+    """ValueError, saying why, unless the running coordinator `rt` holds
+    `process_set` (its membership aside)."""
+    if process_set is global_process_set and process_set.process_set_id == 0:
+        return
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"{what}: process_set must be a ProcessSet, got {process_set!r}")
     if process_set.process_set_id is None and process_set._released:
@@ -164,10 +176,6 @@ def _process_set(process_set, rt, what):
             process_set.process_set_id) is not process_set:
         raise ValueError(f"{what}: {process_set!r} is not registered on this rank; pass it "
                          "to init(process_sets=...) or add_process_set() first")
-    if not process_set.included():
-        raise ValueError(f"{what}: rank {rt.rank} is not a member of the provided process "
-                         f"set {process_set.ranks}")
-    return process_set
 
 
 def _array(tensor, what, reducible):

@@ -135,12 +135,9 @@ class Runtime:
             groups_at = _groups_by_position(everyone, sets, self.size)
         except ValueError as exc:
             return exc
-        seen = set(self.initial_process_sets.values())
-        for groups in groups_at:
-            for ranks in groups:
-                if ranks in seen:
-                    return ValueError(f"process set with ranks {list(ranks)} was given twice")
-                seen.add(ranks)
+        repeated = _repeated_group(groups_at, set(self.initial_process_sets.values()))
+        if repeated is not None:
+            return ValueError(f"process set with ranks {list(repeated[0])} was given twice")
         for ps, groups in zip(sets, groups_at):
             for ranks in groups:
                 pid = len(self.initial_process_sets)
@@ -345,6 +342,20 @@ def _groups_by_position(everyone, sets, size):
                                     for m in (wrong or [rank])))
         out.append(groups)
     return out
+
+
+def _repeated_group(groups_at, registered):
+    """(ranks, why) for the first group of _groups_by_position's answer named
+    twice in it or already among `registered` (tuples of ranks); else None."""
+    seen = set()
+    for groups in groups_at:
+        for ranks in groups:
+            if ranks in seen:
+                return ranks, "was given twice"
+            if ranks in registered:
+                return ranks, "already exists"
+            seen.add(ranks)
+    return None
 
 
 def _static_sets(process_sets):

@@ -57,7 +57,7 @@ import coordinator as core
 from coordinator import collectives as _core_collectives
 from coordinator import handles as _core_handles
 from coordinator import runtime as _core_runtime
-from coordinator.process_sets import ProcessSet, global_process_set
+from coordinator.process_sets import global_process_set
 from frontends.tensorflow import errors, ordering
 from frontends.tensorflow import tensor_bridge as bridge
 
@@ -178,13 +178,9 @@ def _refusing(kind, op_type, name, process_set, group_size=0):
     graph, where they ask the set its size): ValueError for a process set
     the coordinator does not hold, which no other rank needs to hear of. (A
     set without this rank is the op's InvalidArgumentError, as in Horovod.)"""
-    if process_set is not global_process_set:
-        rt = _core_runtime.current()
-        if rt is not None and (not isinstance(process_set, ProcessSet)
-                               or process_set.process_set_id is None
-                               or rt.process_sets.get(process_set.process_set_id)
-                               is not process_set):
-            _core_collectives._process_set(process_set, rt, kind)  # raises, saying why
+    rt = _core_runtime.current()
+    if rt is not None:
+        _core_collectives.registered(process_set, rt, kind)
     if not _executing_eagerly():
         return contextlib.nullcontext()
     return _core_collectives.refusing(kind, _op_name(op_type, None, name, False), process_set,
