@@ -14,10 +14,12 @@ def init(comm=None, process_sets=None):
     """Starts the coordinator: one background thread for this process.
 
     comm: an mpi4py communicator or a list of global ranks (default: all).
-    process_sets: ProcessSets to register now (every rank passes the same
-    list), or "dynamic" to allow add_process_set/remove_process_set later.
-    Sets that do not fit together are a ValueError, raised as in Horovod
-    once the coordinator runs (with none of them registered).
+    process_sets: ProcessSets to register now (every rank passes a list of
+    the same length, naming the same sets), or "dynamic" to allow
+    add_process_set/remove_process_set later. As in Horovod, a ValueError
+    is raised once the coordinator runs on a rank whose list names a set
+    twice (or the global set), with the list's distinct sets registered,
+    and on every rank, with none registered, when the lists do not fit.
     A second init() without shutdown() in between is an error.
     In an elastic job, comm=None means the job's current membership."""
     if comm is None:
@@ -27,7 +29,7 @@ def init(comm=None, process_sets=None):
                                or rt.config.dynamic_process_sets)
     collectives.reset_names()
     error, rt.init_error = rt.init_error, None
-    if error is not None:  # (the coordinator runs, with none of the sets)
+    if error is not None:  # (the coordinator runs)
         raise error
 
 
@@ -45,7 +47,9 @@ def ensure_initialized(comm=None, process_sets=None):
     """init() for frontends: starts the coordinator, or joins the one already
     running in this process, so PyTorch and TensorFlow used together share
     one background thread. Sets in `process_sets` not yet registered are
-    added (collectively, as add_process_set does)."""
+    added (collectively, as add_process_set does), and each ProcessSet of
+    the list is bound to its set's id: a ValueError on a rank whose list
+    names a set twice, as at the first init."""
     with runtime._lock:
         rt = runtime.current()
         if rt is None or not rt.background.thread.is_alive():
@@ -54,37 +58,32 @@ def ensure_initialized(comm=None, process_sets=None):
     if process_sets == "dynamic":
         rt.dynamic_process_sets = True
     elif process_sets:
-        _add_sets_of_init(rt, [ps if isinstance(ps, ProcessSet) else ProcessSet(ps)
-                               for ps in process_sets
-                               if not isinstance(ps, ProcessSet) or ps.process_set_id is None])
+        _add_sets_of_init(rt, runtime._static_sets(process_sets))
     return rt
 
 
 def _add_sets_of_init(rt, sets):
-    """Adds the sets a later init() names (collectively, in one order on
-    every rank). As at the first init, a set given by a communicator may
-    name a different group on each rank (`ProcessSet(comm.Split(...))`):
-    every rank's groups are gathered first, each distinct group is added,
-    and the ProcessSet a rank passed stands for the group it belongs to."""
+    """A later init()'s sets (collectively, in one order on every rank), as
+    at the first init: a set given by a communicator may name a different
+    group on each rank (`ProcessSet(comm.Split(...))`), so every rank's
+    groups are gathered; each group not registered yet is added; then each
+    ProcessSet of the list is bound to its set's id, as Horovod binds the
+    sets its init() is given again. A list that does not fit adds none."""
     from coordinator import runtime as _runtime
     from coordinator.objects import allgather_object
+    from coordinator.process_sets import ProcessSetTable
 
     if not sets:
         return
-    everyone = allgather_object([tuple(rt.ranks_of(ps)) for ps in sets],
-                                name="process_set.init")
+    mine = [tuple(rt.ranks_of(ps)) for ps in sets]
+    everyone = allgather_object(mine, name="process_set.init")
     groups_at = _runtime._groups_by_position(everyone, sets, rt.size)
-    # Checked whole first (on what every rank gave, so the same everywhere):
-    # a list that does not fit adds none of its sets.
-    repeated = _runtime._repeated_group(
-        groups_at, {tuple(ps.ranks) for ps in rt.process_sets.all().values()})
-    if repeated is not None:
-        raise ValueError(f"init(process_sets=...): a process set with ranks "
-                         f"{list(repeated[0])} {repeated[1]}")
-    for ps, groups in zip(sets, groups_at):
-        for ranks in groups:
-            mine = rt.rank in ranks or ps.mpi_comm is None
-            _add_process_set(rt, ps if mine else ProcessSet(list(ranks)))
+    registered = {tuple(ps.ranks) for ps in rt.process_sets.all().values()}
+    for ranks in _runtime.new_groups(groups_at, sets, registered):
+        _add_process_set(rt, ProcessSetTable.stand_in(ranks))
+    error = _runtime.bind_init_list(rt.process_sets, sets, mine, rt.rank)
+    if error is not None:
+        raise error
 
 
 def shutdown():

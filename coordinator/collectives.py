@@ -172,8 +172,7 @@ def registered(process_set, rt, what):
                          "down as it re-forms); register it again with add_process_set() "
                          "(in an elastic job, in a reset callback: "
                          "state.register_reset_callbacks) or init(process_sets=...)")
-    if process_set.process_set_id is None or rt.process_sets.get(
-            process_set.process_set_id) is not process_set:
+    if process_set.process_set_id is None or not rt.process_sets.holds(process_set):
         raise ValueError(f"{what}: {process_set!r} is not registered on this rank; pass it "
                          "to init(process_sets=...) or add_process_set() first")
 

@@ -18,6 +18,7 @@ class ProcessSet:
         self._ranks = None
         self._my_rank = None
         self._released = False  # registered once, then the coordinator shut down
+        self._stand_in = False  # made by the table for a set nobody named here
         if ranks_or_comm is None:
             return
         if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator
@@ -53,7 +54,7 @@ class ProcessSet:
             from coordinator import runtime
 
             rt = runtime.current()
-            if rt is not None and rt.process_sets.get(self.process_set_id) is not self:
+            if rt is not None and not rt.process_sets.holds(self):
                 raise ValueError(f"process set {self.process_set_id} does not exist or has not "
                                  "been registered")
         return len(self._ranks)
@@ -89,21 +90,52 @@ global_process_set = ProcessSet()
 
 
 class ProcessSetTable:
-    """The registered sets of this process."""
+    """The registered sets of this process. Each id has one ProcessSet it
+    was registered with, and may have more bound to it: as in Horovod, a
+    later init() that names a registered set binds the object it was given
+    to that set's id."""
 
     def __init__(self, my_rank):
         self.my_rank = my_rank
         self._lock = threading.Lock()
         self._sets = {}  # id -> ProcessSet
+        self._aliases = {}  # id -> [ProcessSet bound to it besides _sets[id]]
 
     def register(self, process_set, process_set_id, ranks):
         with self._lock:
             process_set._bind(process_set_id, ranks, self.my_rank)
             self._sets[process_set_id] = process_set
 
+    def bind(self, process_set, process_set_id):
+        """Binds one more ProcessSet to a registered id (it takes the place
+        of one the table made itself, see `stand_in`)."""
+        with self._lock:
+            first = self._sets[process_set_id]
+            process_set._bind(process_set_id, first._ranks, self.my_rank)
+            if first is process_set:
+                return
+            if first._stand_in:
+                self._sets[process_set_id] = process_set
+                first._unbind()
+                return
+            aliases = self._aliases.setdefault(process_set_id, [])
+            if not any(a is process_set for a in aliases):
+                aliases.append(process_set)
+
+    @staticmethod
+    def stand_in(ranks):
+        """A ProcessSet for a set no object of the caller's names yet (on
+        this rank): `bind` puts the caller's in its place."""
+        ps = ProcessSet(ranks)
+        ps._stand_in = True
+        return ps
+
     def unregister(self, process_set_id):
         with self._lock:
             ps = self._sets.pop(process_set_id, None)
+            aliases = self._aliases.pop(process_set_id, [])
+        for other in aliases:
+            other._unbind()
         if ps is not None and ps is not global_process_set:
             ps._unbind()
         return ps
@@ -111,13 +143,24 @@ class ProcessSetTable:
     def get(self, process_set_id):
         return self._sets.get(process_set_id)
 
-    def find(self, ranks):
+    def holds(self, process_set):
+        """Whether `process_set` is bound to one of this table's ids."""
+        pid = process_set.process_set_id
+        with self._lock:
+            return (self._sets.get(pid) is process_set
+                    or any(a is process_set for a in self._aliases.get(pid, ())))
+
+    def id_of(self, ranks):
         ranks = sorted(ranks)
         with self._lock:
-            for ps in self._sets.values():
+            for pid, ps in self._sets.items():
                 if ps._ranks == ranks:
-                    return ps
+                    return pid
         return None
+
+    def find(self, ranks):
+        pid = self.id_of(ranks)
+        return None if pid is None else self._sets.get(pid)
 
     def members(self, process_set_id):
         ps = self._sets.get(process_set_id)
@@ -135,6 +178,7 @@ class ProcessSetTable:
         itself stays as it was, for a background thread still running."""
         with self._lock:
             sets = list(self._sets.values())
+            sets += [a for aliases in self._aliases.values() for a in aliases]
         for ps in sets:
             if ps is not global_process_set:
                 ps._unbind()

@@ -126,25 +126,23 @@ class Runtime:
         Horovod does), and each distinct group becomes a set; the
         `ProcessSet` a rank passed stands for the group it belongs to.
 
-        Sets that do not fit together (decided on what every rank gave, so
-        the same everywhere) register none of them: returns the ValueError
-        that says why, else None."""
+        Lists that do not fit together (decided on what every rank gave, so
+        the same everywhere) register none of their sets. Otherwise, as in
+        Horovod, every distinct set is registered, and an entry that names
+        a set again on this rank (or the global set) is left unbound: its
+        ValueError is raised on the ranks where the list repeats itself.
+        Returns the ValueError that init() raises, else None."""
         mine = [tuple(self.ranks_of(ps)) for ps in sets]
         everyone = self.transport.allgather(mine)
         try:
             groups_at = _groups_by_position(everyone, sets, self.size)
         except ValueError as exc:
             return exc
-        repeated = _repeated_group(groups_at, set(self.initial_process_sets.values()))
-        if repeated is not None:
-            return ValueError(f"process set with ranks {list(repeated[0])} was given twice")
-        for ps, groups in zip(sets, groups_at):
-            for ranks in groups:
-                pid = len(self.initial_process_sets)
-                member = self.rank in ranks
-                target = ps if (member or ps.mpi_comm is None) else ProcessSet(list(ranks))
-                self.process_sets.register(target, pid, ranks)
-                self.initial_process_sets[pid] = tuple(ranks)
+        for ranks in new_groups(groups_at, sets, set(self.initial_process_sets.values())):
+            pid = len(self.initial_process_sets)
+            self.process_sets.register(ProcessSetTable.stand_in(ranks), pid, ranks)
+            self.initial_process_sets[pid] = ranks
+        return bind_init_list(self.process_sets, sets, mine, self.rank)
 
     def ranks_of(self, ps):
         """The global ranks of a ProcessSet (this rank's view of its
@@ -344,18 +342,45 @@ def _groups_by_position(everyone, sets, size):
     return out
 
 
-def _repeated_group(groups_at, registered):
-    """(ranks, why) for the first group of _groups_by_position's answer named
-    twice in it or already among `registered` (tuples of ranks); else None."""
-    seen = set()
-    for groups in groups_at:
-        for ranks in groups:
-            if ranks in seen:
-                return ranks, "was given twice"
-            if ranks in registered:
-                return ranks, "already exists"
-            seen.add(ranks)
-    return None
+def new_groups(groups_at, sets, registered):
+    """The groups of _groups_by_position's answer that are not `registered`
+    (sorted tuples of ranks), each once, sorted, in the order Horovod gives
+    them ids: the sets given by communicators first, then those given by
+    ranks, each in the list's order."""
+    order = ([i for i, ps in enumerate(sets) if ps.mpi_comm is not None]
+             + [i for i, ps in enumerate(sets) if ps.mpi_comm is None])
+    seen, out = set(registered), []
+    for i in order:
+        for ranks in groups_at[i]:
+            ranks = tuple(sorted(ranks))
+            if ranks not in seen:
+                seen.add(ranks)
+                out.append(ranks)
+    return out
+
+
+def bind_init_list(table, sets, mine, rank):
+    """Binds each ProcessSet of an init() list to the registered id of the
+    ranks it names on this rank (`mine`), as Horovod's init does. An entry
+    naming the global set, or a set an earlier entry named, is a duplicate
+    and stays unbound (unless it is that set's object already). Returns the
+    ValueError naming the first duplicate and this rank, else None."""
+    named = {0: "the global process set"}
+    error = None
+    for i, (ps, ranks) in enumerate(zip(sets, mine)):
+        pid = table.id_of(ranks)
+        if pid in named:
+            if not table.holds(ps):
+                ps._unbind()
+            if error is None:
+                error = ValueError(
+                    f"init(process_sets=...): entry {i} ({ps!r}, ranks {sorted(ranks)} on "
+                    f"rank {rank}) is a duplicate of {named[pid]}; pass each set once "
+                    "(the list's distinct sets were registered)")
+            continue
+        named[pid] = f"entry {i}"
+        table.bind(ps, pid)
+    return error
 
 
 def _static_sets(process_sets):

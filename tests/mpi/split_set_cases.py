@@ -114,56 +114,89 @@ def case_init_with_a_communicator_records_it_as_the_global_sets(hvd):
     assert hvd.global_process_set.mpi_comm is None
 
 
-def case_init_with_sets_that_do_not_fit_raises_with_the_coordinator_running(hvd):
-    """As Horovod's init (its test_process_sets_multi_comm): ValueError, with
-    the coordinator running and none of the sets registered; an init with
-    valid sets may follow (the frontends' init joins the running coordinator
-    and adds them). Last: it starts the coordinator again."""
+def case_init_lists_that_repeat_a_set_raise_where_they_repeat_it(hvd):
+    """Horovod's test_process_sets_multi_comm's sequence, as its init does: a
+    list that names a set twice (or the global set) registers its distinct
+    sets, with the ids Horovod gives them, and raises ValueError, with the
+    coordinator running, on the ranks where the list repeats one, leaving
+    that entry unbound; a later init (the frontends' joins the running
+    coordinator) binds the objects it names to those ids, or raises where
+    its list repeats a set. Lists that do not fit together register none
+    and raise everywhere. Last: it starts the coordinator again."""
     from mpi4py import MPI
 
     from coordinator import basics, runtime
 
     world = MPI.COMM_WORLD
-    sub = world.Split(color=world.rank % 2, key=world.rank)
+    n, me = world.size, world.rank
+    even = me % 2 == 0
+    sub = world.Split(color=me % 2, key=me)
+    evens, odds = list(range(0, n, 2)), list(range(1, n, 2))
     hvd.shutdown()
-    given = [hvd.ProcessSet(sub), hvd.ProcessSet(world.Dup()), hvd.ProcessSet([0])]
+
+    def registered():
+        return {pid: ps.ranks for pid, ps in runtime.current().process_sets.all().items()}
+
+    evens_by_ranks = hvd.ProcessSet(evens)
+    given = [hvd.ProcessSet(sub), hvd.ProcessSet(world.Dup()), hvd.ProcessSet(sub.Dup()),
+             evens_by_ranks, hvd.ProcessSet([0])]
     try:
-        hvd.init(process_sets=given)  # the second is the global set again
+        hvd.init(process_sets=given)
     except ValueError as exc:
-        assert "given twice" in str(exc), exc
+        assert "entry 1" in str(exc) and f"rank {me})" in str(exc), exc
+        assert "the global process set" in str(exc), exc
     else:
         raise AssertionError("init with the global set given again did not raise")
     try:
-        assert hvd.is_initialized() and hvd.size() == world.size
-        assert sorted(runtime.current().process_sets.all()) == [0]
-        assert all(ps.process_set_id is None for ps in given), given
-        out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.failed.init")
-        assert_equal(out, np.full(2, float(world.size)))
-        # The frontends' init again: a list naming the global set again adds
-        # none of its sets; then a split communicator's sets (a different
-        # group on each rank) and, past 2 ranks, a set by ranks.
-        again = [hvd.ProcessSet(sub), hvd.ProcessSet(world.Dup())]
-        try:
-            basics.ensure_initialized(process_sets=again)
-        except ValueError as exc:
-            assert "already exists" in str(exc), exc
-        else:
-            raise AssertionError("a later init naming the global set did not raise")
-        assert sorted(runtime.current().process_sets.all()) == [0]
-        mine = hvd.ProcessSet(world.Split(color=world.rank % 2, key=world.rank))
-        later = [mine] + ([hvd.ProcessSet([0])] if world.size > 2 else [])
-        basics.ensure_initialized(process_sets=later)
-        registered = {pid: ps.ranks for pid, ps in runtime.current().process_sets.all().items()}
-        evens = list(range(0, world.size, 2))
-        odds = list(range(1, world.size, 2))
-        want = {0: list(range(world.size)), 1: evens, 2: odds}
-        if world.size > 2:
+        want = {0: list(range(n)), 1: evens, 2: odds}
+        if n > 2:
             want[3] = [0]
-        assert registered == want, registered  # (Horovod's test_process_sets_multi_comm's)
-        assert mine.process_set_id == (1 if world.rank % 2 == 0 else 2), mine
-        out = hvd.allreduce(np.ones(1), op=hvd.Sum, name="in.my.half", process_set=mine)
-        assert_equal(out, np.full(1, float(len(evens if world.rank % 2 == 0 else odds))))
+        assert hvd.is_initialized() and registered() == want, registered()
+        ids = [ps.process_set_id for ps in given]
+        mine_id = 1 if even else 2
+        assert ids[:3] == [mine_id, None, None], ids
+        assert ids[3] == (None if even else 1), ids
+        assert ids[4] == (3 if n > 2 else None), ids
+        out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after.failed.init",
+                            process_set=given[0])
+        assert_equal(out, np.full(2, float(len(evens if even else odds))))
+
+        # Horovod's fourth list: a duplicate on the even ranks (and on both
+        # of 2 ranks, where [0] is the evens), none on the odd ranks.
+        fourth = [hvd.ProcessSet(sub), evens_by_ranks, hvd.ProcessSet([0])]
+        try:
+            basics.ensure_initialized(process_sets=fourth)
+        except ValueError as exc:
+            assert n == 2 or even, f"rank {me} raised: {exc}"
+            assert f"rank {me})" in str(exc) and "duplicate of entry" in str(exc), exc
+        else:
+            assert n > 2 and not even, f"rank {me}'s list repeats a set but did not raise"
+            assert [ps.process_set_id for ps in fourth] == [2, 1, 3], fourth
+        assert registered() == want, registered()
+
+        last = [hvd.ProcessSet(sub)] + ([hvd.ProcessSet([0])] if n > 2 else [])
+        basics.ensure_initialized(process_sets=last)
+        assert registered() == want, registered()
+        assert last[0].process_set_id == mine_id and last[0].size() == len(want[mine_id])
+        if n > 2:
+            assert last[1].process_set_id == 3 and last[1].included() == (me == 0)
+        # The objects of the first init and of the last name the same set.
+        a = hvd.allreduce_async(np.full(1, float(me)), op=hvd.Sum, name="a", process_set=given[0])
+        b = hvd.allreduce_async(np.full(1, 1.0), op=hvd.Sum, name="b", process_set=last[0])
+        assert_equal(hvd.synchronize(a), np.full(1, float(sum(want[mine_id]))))
+        assert_equal(hvd.synchronize(b), np.full(1, float(len(want[mine_id]))))
+
+        # Lists that do not fit together (each rank names itself) add none.
+        try:
+            basics.ensure_initialized(process_sets=[hvd.ProcessSet([me])])
+        except ValueError as exc:
+            assert "different ranks" in str(exc), exc
+        else:
+            raise AssertionError("lists naming different ranks did not raise")
+        assert registered() == want, registered()
         hvd.barrier()  # (the other half may still be reducing: a shutdown would fail it)
     finally:
         hvd.shutdown()
         hvd.init()
+    assert given[0].process_set_id is None and last[0].process_set_id is None
+    assert given[0]._released and last[0]._released
