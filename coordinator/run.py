@@ -452,8 +452,8 @@ def horovod_env(args: argparse.Namespace) -> Dict[str, str]:
             args.stall_check_shutdown_time_seconds)
     if args.no_stall_check is not None:
         env["HOROVOD_STALL_CHECK_DISABLE"] = _flag(args.no_stall_check)
-    if args.log_level is not None:
-        env["HOROVOD_LOG_LEVEL"] = args.log_level
+    if args.log_level is not None:  # (Horovod's choices, in its case)
+        env["HOROVOD_LOG_LEVEL"] = args.log_level.upper()
     if args.hierarchical_allreduce is not None:
         env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = _flag(args.hierarchical_allreduce)
     if args.torus_allreduce is not None:

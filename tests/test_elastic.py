@@ -794,7 +794,7 @@ def test_config_file_sets_what_the_command_line_does_not(tmp_path):
     assert env["HOROVOD_CYCLE_TIME"] == "5"  # the command line wins
     assert env["HOROVOD_TIMELINE"] == "/tmp/t.json" and env["HOROVOD_TIMELINE_MARK_CYCLES"] == "1"
     assert env["HOROVOD_STALL_CHECK_DISABLE"] == "1"
-    assert env["HOROVOD_STALL_CHECK_TIME_SECONDS"] == "9" and env["HOROVOD_LOG_LEVEL"] == "debug"
+    assert env["HOROVOD_STALL_CHECK_TIME_SECONDS"] == "9" and env["HOROVOD_LOG_LEVEL"] == "DEBUG"
     assert env["HOROVOD_LOG_HIDE_TIME"] == "1"
     assert env["HOROVOD_AUTOTUNE_WARMUP_SAMPLES"] == "2"
     assert env["HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"] == "7"
@@ -827,7 +827,7 @@ def test_config_files_horovodrun_reads_are_read_the_same(tmp_path, capsys):
     env = run.horovod_env(args)
     assert env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
     assert env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
-    assert env["HOROVOD_THREAD_AFFINITY"] == "1" and env["HOROVOD_LOG_LEVEL"] == "warning"
+    assert env["HOROVOD_THREAD_AFFINITY"] == "1" and env["HOROVOD_LOG_LEVEL"] == "WARNING"
     err = capsys.readouterr().err
     assert "section 'params2'" in err and "key library_options.mlsl_bgt_affinity" in err
     path.write_text("params:\n  torus_allreduce: false\n")

@@ -103,7 +103,7 @@ def test_unset_flags_export_no_horovod_variables():
     (["--stall-check-shutdown-time-seconds", "90.5"],
      {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90.5"}),
     (["--no-stall-check"], {"HOROVOD_STALL_CHECK_DISABLE": "1"}),
-    (["--log-level", "DEBUG"], {"HOROVOD_LOG_LEVEL": "debug"}),
+    (["--log-level", "DEBUG"], {"HOROVOD_LOG_LEVEL": "DEBUG"}),
     (["--hierarchical-allreduce"], {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}),
     (["--torus-allreduce"], {"HOROVOD_TORUS_ALLREDUCE": "1"}),
     (["--no-torus-allreduce"], {"HOROVOD_TORUS_ALLREDUCE": "0"}),
