@@ -140,7 +140,10 @@ class _Event:
 
 
 class _Stream:
-    current = []
+    # Each thread's stack of entered streams, as CuPy keeps one per thread:
+    # the background thread inside a lane's stream never changes what a
+    # training thread's get_current_stream() says.
+    _local = threading.local()
     made = []  # every stream, for the simulation's wait for the whole device
 
     def __init__(self, null=False, non_blocking=False, ptds=False):
@@ -152,8 +155,15 @@ class _Stream:
         _Stream.made.append(self)
 
     @staticmethod
+    def entered():
+        stack = getattr(_Stream._local, "stack", None)
+        if stack is None:
+            stack = _Stream._local.stack = []
+        return stack
+
+    @staticmethod
     def current_stream():
-        return (_Stream.current or [_NULL])[-1]
+        return (_Stream.entered() or [_NULL])[-1]
 
     @staticmethod
     def of(ptr):
@@ -170,11 +180,11 @@ class _Stream:
         self.busy_until = max(time.perf_counter(), self.busy_until) + seconds
 
     def __enter__(self):
-        _Stream.current.append(self)
+        _Stream.entered().append(self)
         return self
 
     def __exit__(self, *exc):
-        _Stream.current.pop()
+        _Stream.entered().pop()
 
     def wait_event(self, event):
         self.waited.append(event)

@@ -178,17 +178,16 @@ def test_cuda_tensors_are_staged_through_host_memory_and_written_back():
     assert b.written() is t and torch.equal(t.cpu(), torch.full((6,), 7.0))
 
 
-@pytest.mark.parametrize("cupy_14", [True, False])
-def test_torchs_stream_is_wrapped_for_cupy_on_its_own_device(monkeypatch, cupy_14):
-    """CuPy 14's Stream.from_external takes the stream's device from the
-    current one: it is made with the tensor's device current (a stream
-    wrapped for another device would make `with stream` raise there).
-    Older CuPy: ExternalStream, told the device. Once per torch stream."""
+def _fake_cupy_for_torch_streams(monkeypatch, cupy_14, made, delay=0.0):
+    """A CuPy with only what _tensors._cupy_stream calls, noting in `made`
+    each stream it wraps and the device current then; torch's current
+    stream is one fake stream."""
+    import time
     import types
 
     from coordinator import gpu
 
-    current, made = [], []
+    current = []
 
     class Device:
         def __init__(self, device):
@@ -201,6 +200,7 @@ def test_torchs_stream_is_wrapped_for_cupy_on_its_own_device(monkeypatch, cupy_1
             current.pop()
 
     def from_external(stream):
+        time.sleep(delay)  # (CuPy lets go of the interpreter lock in its calls)
         made.append(("from_external", current[-1] if current else None))
         return object()
 
@@ -222,9 +222,40 @@ def test_torchs_stream_is_wrapped_for_cupy_on_its_own_device(monkeypatch, cupy_1
     monkeypatch.setattr(_tensors, "_raw_stream", lambda device: 0x1234)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: TorchStream())
     monkeypatch.setattr(_tensors, "_cupy_streams", {})
+    monkeypatch.setattr(_tensors, "_kept_streams", [])
+
+
+@pytest.mark.parametrize("cupy_14", [True, False])
+def test_torchs_stream_is_wrapped_for_cupy_on_its_own_device(monkeypatch, cupy_14):
+    """CuPy 14's Stream.from_external takes the stream's device from the
+    current one: it is made with the tensor's device current (a stream
+    wrapped for another device would make `with stream` raise there).
+    Older CuPy: ExternalStream, told the device. Once per torch stream."""
+    made = []
+    _fake_cupy_for_torch_streams(monkeypatch, cupy_14, made)
     first = _tensors._cupy_stream(1)
     assert _tensors._cupy_stream(1) is first
     assert made == [("from_external", 1) if cupy_14 else ("ExternalStream", 1)]
+
+
+def test_threads_meeting_a_new_torch_stream_wrap_it_once(monkeypatch):
+    """CuPy 14's Stream.from_external returns a Stream whose __del__ destroys
+    the CUDA stream it wraps: a second wrapper made by a thread that met the
+    same torch stream at the same time, then dropped, would destroy torch's
+    stream. One wrapper per stream, kept."""
+    import threading
+
+    made = []
+    _fake_cupy_for_torch_streams(monkeypatch, True, made, delay=0.05)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(_tensors._cupy_stream(0)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and len(got) == 4 and all(g is got[0] for g in got), (made, got)
+    assert _tensors._kept_streams == [got[0]]
 
 
 def test_state_handlers_take_horovods_parameter_names():

@@ -30,6 +30,7 @@ memory (an expanded tensor) is refused: a result cannot be written into it.
 
 import contextlib
 import functools
+import threading
 
 import numpy as np
 import torch
@@ -66,6 +67,12 @@ def _core_takes_devices():
 
 
 _cupy_streams = {}  # (device, torch stream handle) -> the CuPy stream over it
+# CuPy 14's Stream.from_external makes a Stream whose __del__ destroys the
+# CUDA stream it wraps (here torch's): each wrapper is made once, under this
+# lock (two threads may meet a new stream at once, and CuPy's calls let go
+# of the interpreter lock), and kept for the life of the process.
+_streams_lock = threading.Lock()
+_kept_streams = []
 
 # torch's current stream as a raw handle: no torch.cuda.Stream object made.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -87,15 +94,22 @@ def _cupy_stream(device):
               else torch.cuda.current_stream(device).cuda_stream)
     wrapped = _cupy_streams.get((device, handle))
     if wrapped is None:
-        cp = core_gpu.cupy()
-        stream = torch.cuda.current_stream(device)
-        if hasattr(cp.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
-            with cp.cuda.Device(device):  # (it takes the current device for the stream's)
-                wrapped = cp.cuda.Stream.from_external(stream)
-        else:  # CuPy before 14
-            wrapped = cp.cuda.ExternalStream(stream.cuda_stream, device)
-        _cupy_streams[(device, handle)] = wrapped
+        with _streams_lock:
+            wrapped = _cupy_streams.get((device, handle))
+            if wrapped is None:
+                wrapped = _wrap_stream(device)
+                _kept_streams.append(wrapped)
+                _cupy_streams[(device, handle)] = wrapped
     return wrapped
+
+
+def _wrap_stream(device):
+    cp = core_gpu.cupy()
+    stream = torch.cuda.current_stream(device)
+    if hasattr(cp.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
+        with cp.cuda.Device(device):  # (it takes the current device for the stream's)
+            return cp.cuda.Stream.from_external(stream)
+    return cp.cuda.ExternalStream(stream.cuda_stream, device)  # CuPy before 14
 
 
 class Bridged:
