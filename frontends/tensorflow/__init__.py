@@ -40,7 +40,9 @@ from frontends.tensorflow.gradient_tape import (DistributedGradientTape,
                                                 PartialDistributedGradientTape)
 from frontends.tensorflow.legacy import BroadcastGlobalVariablesHook, broadcast_global_variables
 from frontends.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum,
-                                          _executing_eagerly, allgather, alltoall, barrier,
+                                          _allreduce, _executing_eagerly,
+                                          _grouped_allreduce, _grouped_reducescatter,
+                                          _reducescatter, allgather, alltoall, barrier,
                                           broadcast, grouped_allgather, join, local_rank_op,
                                           local_size_op, process_set_included_op, rank_op,
                                           size_op)

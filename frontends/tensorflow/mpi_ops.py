@@ -196,11 +196,11 @@ def _group_name_of(tensors):
 
 
 def _process_set_size(process_set):
-    size = process_set.size()
-    if size is None:
+    members = process_set.size()
+    if members is None:
         raise ValueError(f"{process_set!r} is not registered; pass it to init(process_sets="
                          "...) or add_process_set() first")
-    return size
+    return members
 
 
 # ----------------------------------------------------------------- allreduce
@@ -259,11 +259,11 @@ def _allgather_backward(x, dy, ignore_name_scope, process_set):
     this rank contributed."""
     dy = _allreduce(dy, op=Average, ignore_name_scope=ignore_name_scope,
                     process_set=process_set)
-    size = _process_set_size(process_set)
+    members = _process_set_size(process_set)
     rows = tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])
     rows = tf.reshape(allgather(rows, ignore_name_scope=ignore_name_scope,
-                                process_set=process_set), [size])
-    return tf.split(dy, rows, axis=0, num=size)[process_set.rank()]
+                                process_set=process_set), [members])
+    return tf.split(dy, rows, axis=0, num=members)[process_set.rank()]
 
 
 def _unknown_first_dim(shape):
@@ -349,7 +349,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     with _refusing("alltoall", "HorovodAlltoall", name, process_set):
         (tensor,) = _convert([tensor], "alltoall")
     op_name = _op_name("HorovodAlltoall", _name_of(tensor), name, ignore_name_scope)
-    size = _process_set_size(process_set)
+    members = _process_set_size(process_set)
 
     def body(array, splits_array=None):
         output, received = core.synchronize(core.alltoall_async(
@@ -358,7 +358,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
     def forward(x, *split_tensor):
         return _run("alltoall", body, [x] + list(split_tensor), [x.dtype, tf.int32],
-                    [_unknown_first_dim(x.shape), tf.TensorShape([size])], on_host=(1,))
+                    [_unknown_first_dim(x.shape), tf.TensorShape([members])], on_host=(1,))
 
     def backward(xs, ys, dys):
         dx, _ = alltoall(dys[0], splits=ys[1], ignore_name_scope=ignore_name_scope,
@@ -520,3 +520,29 @@ def _registered_process_set(process_set_id):
     if ps is None:
         raise ValueError(f"process set {process_set_id} is not registered")
     return ps
+
+
+# Also in Horovod's TensorFlow mpi_ops: the life-cycle and query functions,
+# the process-set calls, its helpers, the in-place broadcast and `_basics`.
+from coordinator import ProcessSet, add_process_set, remove_process_set  # noqa: E402,F401
+from coordinator.collectives import handle_average_backwards_compatibility  # noqa: E402,F401
+from frontends._util import (Basics, check_num_rank_power_of_2,  # noqa: E402,F401
+                             get_average_backwards_compatibility_fun, gpu_available,
+                             num_rank_is_power_2)
+from frontends.tensorflow.basics import (ccl_built, cross_rank, cross_size,  # noqa: E402,F401
+                                         cuda_built, ddl_built, gloo_built, gloo_enabled,
+                                         init, is_homogeneous, is_initialized, local_rank,
+                                         local_size, mpi_built, mpi_enabled,
+                                         mpi_threads_supported, nccl_built, rank,
+                                         rocm_built, shutdown, size, start_timeline,
+                                         stop_timeline)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """frontends.tensorflow.broadcast_ (in place), where Horovod has it."""
+    from frontends.tensorflow import functions
+
+    return functions.broadcast_(variables, root_rank, name=name, process_set=process_set)
+
+
+_basics = Basics(globals())

@@ -501,3 +501,9 @@ from frontends.torch.autograd import (HorovodAllgather, HorovodAllreduce,  # noq
                                       HorovodAlltoall, HorovodBroadcast,
                                       HorovodGroupedAllgather, HorovodGroupedAllreduce,
                                       HorovodGroupedReducescatter, HorovodReducescatter)
+
+# Also in Horovod's torch mpi_ops: its helpers and its `_basics` object.
+from frontends._util import (Basics, get_average_backwards_compatibility_fun,  # noqa: E402,F401
+                             gpu_available, num_rank_is_power_2)
+
+_basics = Basics(globals())

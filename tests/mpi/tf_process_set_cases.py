@@ -114,6 +114,47 @@ def case_documented_even_and_odd_sets_with_unnamed_eager_ops(core):
     _check_unnamed_collectives(_my_set(), "ranks-given set")
 
 
+def case_horovods_basics_object_answers_for_the_registered_sets(core):
+    """Horovod's `mpi_ops._basics`, through which its own tests read the
+    process-set table: ids and ranks, a communicator's set, a set's size and
+    this rank's place in it, and the private add and remove calls."""
+    from mpi4py import MPI
+
+    b, me = hvd.mpi_ops._basics, hvd.rank()
+    assert (b.size(), b.rank(), b.is_initialized()) == (4, me, True)
+    assert b._get_process_set_ids_and_ranks() == {0: [0, 1, 2, 3], 1: [0, 2], 2: [1, 3]}
+    mine, other = (1, 2) if me % 2 == 0 else (2, 1)
+    assert b._comm_process_set_id(MPI.COMM_WORLD) == 0
+    assert b._comm_process_set_id(MPI.COMM_WORLD.Split(color=me % 2, key=me)) == mine
+    assert (b._process_set_size(mine), b._process_set_rank(mine)) == (2, me // 2)
+    alone = MPI.COMM_WORLD.Split(color=me, key=0)  # a set nobody registered
+    for call, arg in ((b._process_set_rank, other), (b._process_set_size, 99),
+                      (b._comm_process_set_id, alone)):
+        try:
+            call(arg)
+        except ValueError:
+            continue
+        raise AssertionError(f"{call.__name__}({arg}) raised no ValueError")
+    hvd.init(process_sets="dynamic")
+    assert b._add_process_set_impl([0, 2]) is None  # that set exists
+    pid = b._add_process_set_impl([0, 1, 2])
+    assert pid == 3 and b._get_process_set_ids_and_ranks()[pid] == [0, 1, 2]
+    assert b._remove_process_set_impl(pid) == pid
+    assert b._remove_process_set_impl(pid) is None and b._remove_process_set_impl(0) is None
+    assert sorted(b._get_process_set_ids_and_ranks()) == [0, 1, 2]
+    # The functions Horovod's TensorFlow mpi_ops also holds.
+    for name in ("init", "shutdown", "size", "rank", "local_rank", "is_homogeneous",
+                 "mpi_built", "nccl_built", "start_timeline", "broadcast_", "ProcessSet",
+                 "add_process_set", "handle_average_backwards_compatibility"):
+        assert callable(getattr(hvd.mpi_ops, name)), name
+    assert hvd.mpi_ops.size() == 4 and hvd.mpi_ops.rank() == me
+    v = tf.Variable([float(me)] * 2)
+    hvd.mpi_ops.broadcast_([v], root_rank=3, process_set=hvd.global_process_set)
+    assert_equal(v.numpy(), np.full(2, 3.0, np.float32), "broadcast_")
+    pick = hvd.mpi_ops.get_average_backwards_compatibility_fun(hvd.mpi_ops)
+    assert (pick(None, None), pick(hvd.Max, None)) == (hvd.Average, hvd.Max)
+
+
 def case_documented_sets_from_a_split_communicator(core):
     """Horovod's MPI variant: ProcessSet(MPI.COMM_WORLD.Split(...)), each
     rank passing the communicator of its own group, then unnamed eager ops."""
