@@ -513,19 +513,28 @@ _NCCL_STATUS = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInter
                 7: "ncclInProgress"}
 
 
+def nccl_status_error(exc, what="NCCL error"):
+    """The RuntimeError to raise for a KeyError out of a CuPy NCCL call: CuPy
+    13's NcclError looks its message up in a table of codes 0-5, so a remote
+    error (6: a peer's connection failed) or 7 came out as KeyError: 6.
+    None for any other KeyError."""
+    code = exc.args[0] if exc.args else None
+    if type(code) is not int or code not in _NCCL_STATUS:
+        return None
+    return RuntimeError(f"{what} {code} ({_NCCL_STATUS[code]}"
+                        f"{': a peer failed or its connection broke' if code == 6 else ''})")
+
+
 def _checked(check):
-    """Runs an NCCL communicator's check_async_error. CuPy 13's NcclError
-    looks its message up in a table of codes 0-5, so a remote error (6: a
-    peer's connection failed) raised KeyError: 6 instead; it says so."""
+    """Runs an NCCL communicator's check_async_error, saying what CuPy 13
+    cannot name (nccl_status_error)."""
     try:
         check()
     except KeyError as exc:
-        code = exc.args[0] if exc.args else None
-        if code not in _NCCL_STATUS:
+        error = nccl_status_error(exc, "NCCL asynchronous error")
+        if error is None:
             raise
-        raise RuntimeError(f"NCCL asynchronous error {code} ({_NCCL_STATUS[code]}"
-                           f"{': a peer failed or its connection broke' if code == 6 else ''})"
-                           ) from None
+        raise error from None
 
 
 class DeviceWait:

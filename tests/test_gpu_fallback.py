@@ -1058,6 +1058,12 @@ def test_device_arrays_end_to_end_at_np2(case, fake_nccl):
 
 
 @pytest.mark.mpi
+def test_nccl_byte_calls_in_pieces_at_np2():
+    _check("tests/test_gpu_fallback.py", "byte_calls_split_in_pieces_give_the_same_results", 2,
+           _mpi_env(True))
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("fake_nccl", [False, True], ids=["staged", "nccl-over-mpi"])
 def test_a_fused_broadcast_of_two_dtypes_gives_each_tensor_its_own(fake_nccl):
     """Broadcasts fuse whatever their dtypes (the response's is its first
@@ -1218,6 +1224,24 @@ def case_every_op_on_device_arrays(hvd):
             np.testing.assert_array_equal(got.get(), np.arange(4, dtype=np.float16))
 
 
+def case_byte_calls_split_in_pieces_give_the_same_results(hvd):
+    """NCCL calls that move bytes (broadcast, allgather's broadcasts,
+    alltoall's and send/recv's) go in pieces of at most PIECE_BYTES (some
+    CuPy releases take broadcast's count as a C int): with pieces of 12
+    bytes, which cut through elements, every op still gives its results."""
+    from coordinator import gpu
+    from coordinator.ops import nccl_ops
+
+    nccl_ops.PIECE_BYTES = 12
+    nccl = gpu._modules["cupy"].cuda.nccl
+    before = len(nccl.calls)
+    case_every_op_on_device_arrays(hvd)
+    moved = [(name, count) for name, count in nccl.calls[before:]
+             if name in ("broadcast", "send", "recv")]
+    assert moved and max(count for _, count in moved) <= 12, moved
+    assert any(count < 12 for _, count in moved), moved
+
+
 def case_a_fused_broadcast_keeps_each_tensors_dtype(hvd):
     me = hvd.rank()
     for trial in range(4):
@@ -1370,6 +1394,24 @@ def test_an_nccl_error_cupy_13_cannot_name_is_said_plainly():
 
     with pytest.raises(KeyError):
         gpu.DeviceWait(0, [pending], check=other).ready()
+
+
+def test_an_nccl_call_that_fails_with_a_code_cupy_13_cannot_name_says_it(host_kernels,
+                                                                         monkeypatch):
+    """The same KeyError comes out of CuPy 13's synchronous NCCL calls (an
+    allreduce whose peer's connection broke): the operation fails naming
+    NCCL's status, not with KeyError: 6; other KeyErrors stay as they are."""
+    ops, nccl = _nccl_ops(host_kernels, monkeypatch)
+    for raised, expected in ((KeyError(6), r"NCCL error 6 \(ncclRemoteError: a peer failed"),
+                             (KeyError("x"), r"'x'")):
+        def failing(*args, raised=raised):
+            raise raised
+
+        monkeypatch.setattr(gpu_fakes._FakeNcclComm, "allReduce", failing)
+        e = _entry(pb.ALLREDUCE, np.ones(4, np.float32))
+        response = _response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM)
+        with pytest.raises(RuntimeError if raised.args[0] == 6 else KeyError, match=expected):
+            drive(ops.allreduce(response, [e], ["t"]))
 
 
 def test_an_nccl_abort_that_waits_for_a_peer_never_holds_the_rank_up():

@@ -489,6 +489,11 @@ class NCCLOps:
             self._fence = gpu.Fence(lane.stream, entries)
             try:
                 yield
+            except KeyError as exc:  # CuPy 13's way of failing on NCCL's codes 6 and 7
+                error = gpu.nccl_status_error(exc)
+                if error is None:
+                    raise
+                raise error from None
             finally:
                 self._fence = None
 
@@ -673,12 +678,11 @@ class NCCLOps:
                 for e, out, counts in zip(entries, outputs, rows):
                     row_bytes = _row_elems(e.shape) * storage.itemsize
                     for root, start in enumerate(_starts(counts * row_bytes)):
-                        nbytes = int(counts[root]) * row_bytes
-                        if nbytes:
-                            dst = out.data.ptr + start
-                            src = e.tensor.data.ptr if root == me else dst
-                            lane.comm.broadcast(src, dst, nbytes, self.nccl.NCCL_UINT8, root,
-                                                lane.stream.ptr)
+                        dst = out.data.ptr + start
+                        src = e.tensor.data.ptr if root == me else dst
+                        for at, nbytes in _pieces(int(counts[root]) * row_bytes):
+                            lane.comm.broadcast(src + at, dst + at, nbytes,
+                                                self.nccl.NCCL_UINT8, root, lane.stream.ptr)
             finally:
                 self.nccl.groupEnd()
             wait = self._finish(lane, entries, names, "NCCL_ALLGATHER", outputs)
@@ -699,8 +703,8 @@ class NCCLOps:
             self.nccl.groupStart()
             try:
                 for e, out in zip(entries, outputs):
-                    if out.nbytes:
-                        lane.comm.broadcast(e.tensor.data.ptr, out.data.ptr, out.nbytes,
+                    for at, nbytes in _pieces(out.nbytes):
+                        lane.comm.broadcast(e.tensor.data.ptr + at, out.data.ptr + at, nbytes,
                                             self.nccl.NCCL_UINT8, root, lane.stream.ptr)
             finally:
                 self.nccl.groupEnd()
@@ -735,11 +739,11 @@ class NCCLOps:
                 for peer in range(size):
                     if peer == me:
                         continue
-                    if send_counts[peer]:
-                        lane.comm.send(src + send_starts[peer], int(send_counts[peer]),
+                    for at, nbytes in _pieces(int(send_counts[peer])):
+                        lane.comm.send(src + int(send_starts[peer]) + at, nbytes,
                                        self.nccl.NCCL_UINT8, peer, stream.ptr)
-                    if recv_counts[peer]:
-                        lane.comm.recv(dst + recv_starts[peer], int(recv_counts[peer]),
+                    for at, nbytes in _pieces(int(recv_counts[peer])):
+                        lane.comm.recv(dst + int(recv_starts[peer]) + at, nbytes,
                                        self.nccl.NCCL_UINT8, peer, stream.ptr)
             finally:
                 self.nccl.groupEnd()
@@ -802,18 +806,29 @@ class NCCLOps:
         with self._on(lane, entries):
             if sending:
                 data, result, activity = entries[0].tensor, None, "NCCL_SEND"
-                if data.nbytes:
-                    lane.comm.send(data.data.ptr, data.nbytes, self.nccl.NCCL_UINT8, peer,
+                for at, nbytes in _pieces(data.nbytes):
+                    lane.comm.send(data.data.ptr + at, nbytes, self.nccl.NCCL_UINT8, peer,
                                    lane.stream.ptr)
             else:
                 result = self._result(tuple(spec.shape), self._storage(spec.dtype))
                 activity = "NCCL_RECV"
-                if result.nbytes:
-                    lane.comm.recv(result.data.ptr, result.nbytes, self.nccl.NCCL_UINT8,
+                for at, nbytes in _pieces(result.nbytes):
+                    lane.comm.recv(result.data.ptr + at, nbytes, self.nccl.NCCL_UINT8,
                                    peer, lane.stream.ptr)
             wait = self._finish(lane, entries, names, activity, [result])
         yield from wait
         return [result]
+
+
+# Bytes moved by one NCCL call at most: some CuPy releases take broadcast's
+# count as a C int, which 2 GiB or more overflows (OverflowError).
+PIECE_BYTES = 1 << 30
+
+
+def _pieces(nbytes):
+    """(offset, length) of the calls that move `nbytes` bytes, in order
+    (none for 0)."""
+    return [(at, min(PIECE_BYTES, nbytes - at)) for at in range(0, nbytes, PIECE_BYTES)]
 
 
 def _id_bytes(uid):
