@@ -154,6 +154,33 @@ def test_send_and_recv(hvd, cp):
         check(got.get(), np.arange(10), "recv")
 
 
+def test_byte_calls_in_pieces_cut_through_elements(hvd, cp, monkeypatch):
+    """Broadcast, allgather, alltoall and send/recv move bytes in pieces of
+    at most nccl_ops.PIECE_BYTES (1 GiB; some CuPy releases take broadcast's
+    count as a C int): with 12-byte pieces, which cut through 8-byte
+    elements, the results are still exact."""
+    from coordinator.ops import nccl_ops
+
+    monkeypatch.setattr(nccl_ops, "PIECE_BYTES", 12)
+    n, me = hvd.size(), hvd.rank()
+    inputs = [data(r, (r + 2, 3), "float64", seed=7) for r in range(n)]
+    out = hvd.allgather(on_device(cp, inputs[me]), name="pieces.ag")
+    check(out.get(), np.concatenate(inputs), "allgather in pieces")
+    b = hvd.broadcast(on_device(cp, inputs[me][:2]), root_rank=n - 1, name="pieces.bc")
+    check(b.get(), inputs[n - 1][:2], "broadcast in pieces")
+    splits = [2] * n
+    x = np.arange(2 * n * 3, dtype=np.float64).reshape(2 * n, 3) + 100 * me
+    got, _ = hvd.alltoall(on_device(cp, x), splits=splits, name="pieces.a2a")
+    check(got.get(), np.concatenate([np.arange(2 * n * 3, dtype=np.float64).reshape(2 * n, 3)
+                                     [2 * me:2 * me + 2] + 100 * r for r in range(n)]),
+          "alltoall in pieces")
+    if n > 1 and me < 2:
+        if me == 0:
+            hvd.send(cp.arange(7, dtype=cp.float64), 1, name="pieces.p2p")
+        else:
+            check(hvd.recv(0, name="pieces.p2p").get(), np.arange(7), "recv in pieces")
+
+
 def test_send_recv_and_allreduces_submitted_in_opposite_orders(hvd, cp):
     """A send/recv runs on its pair's own NCCL communicator and stream,
     allreduces on the set's: each rank queues its NCCL calls in the order
