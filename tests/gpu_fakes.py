@@ -152,6 +152,9 @@ class _Stream:
         self.waited = []
         self.waited_on = []
         self.busy_until = 0.0  # when the work queued on it would be done
+        # As CuPy's: the device current when it was made; -1 for the null
+        # stream, which any device may enter.
+        self.device_id = -1 if null else _DeviceContext.current_id()
         _Stream.made.append(self)
 
     @staticmethod
@@ -180,6 +183,11 @@ class _Stream:
         self.busy_until = max(time.perf_counter(), self.busy_until) + seconds
 
     def __enter__(self):
+        # CuPy refuses a stream made on another device than the current one.
+        current = _DeviceContext.current_id()
+        if self.device_id >= 0 and self.device_id != current:
+            raise RuntimeError(f"The device where the stream was created ({self.device_id}) "
+                               f"is different from the current device ({current}).")
         _Stream.entered().append(self)
         return self
 
@@ -195,7 +203,7 @@ class _Stream:
         time.sleep(max(0.0, self.busy_until - time.perf_counter()))
 
 
-_NULL = _Stream()
+_NULL = _Stream(null=True)
 
 
 class _DeviceContext:
