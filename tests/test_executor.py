@@ -298,3 +298,27 @@ def test_on_device_says_whether_any_operation_in_flight_runs_on_a_gpu():
     assert ex.on_device()
     ex.progress()  # both ready now
     assert not ex and not ex.on_device()
+
+
+def test_shutdown_waits_for_communicators_still_being_made():
+    """A helper thread still inside MPI_Comm_create_group when the process
+    finalizes MPI crashed it (SIGSEGV, a set added just before the end):
+    the runtime's shutdown first waits, bounded, until every communicator
+    being made is made (OperationManager.settle)."""
+    import threading
+
+    from coordinator.ops import OperationManager
+    from coordinator.ops.mpi_ops import Making
+
+    release = threading.Event()
+    making = Making(lambda: release.wait(30) and "comm")
+    ops = OperationManager([])
+    start = time.monotonic()
+    assert ops.settle(0.2) is False  # still being made: gave up after the bound
+    assert 0.15 <= time.monotonic() - start < 5
+    release.set()
+    assert ops.settle(5) is True and making.outcome() == "comm"
+    queued = Making(lambda: "later", start=False)  # InOrder's, not run yet
+    assert ops.settle(0.05) is False
+    queued.run()
+    assert ops.settle(0) is True

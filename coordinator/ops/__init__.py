@@ -120,6 +120,14 @@ class OperationManager:
         communicators (ULFM), so a re-formed job leaves nothing stuck."""
         self._each("revoke")
 
+    def settle(self, timeout):
+        """Before MPI may be finalized: waits up to `timeout` seconds for the
+        communicators still being made in helper threads (a set registered
+        just before shutdown); False if some were not."""
+        from coordinator.ops.mpi_ops import Making
+
+        return Making.settle(timeout)
+
     def abort_device_communicators(self):
         """After the job failed: drops the work queued on this rank's device
         communicators (ncclCommAbort), which peers may never finish."""

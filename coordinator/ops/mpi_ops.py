@@ -36,6 +36,7 @@ into an allreduce.
 import collections
 import ctypes
 import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -211,11 +212,18 @@ class Making:
     one in nccl_ops), for calls that block until every member makes it;
     `ready()` like a request's. `start=False`: the caller runs it (InOrder)."""
 
+    # Those not made yet, for settle(): a helper thread still inside
+    # MPI_Comm_create_group when the process finalizes MPI crashes it.
+    _unfinished = set()
+    _unfinished_lock = threading.Lock()
+
     def __init__(self, make, start=True):
         self.comm = None
         self.error = None
         self.done = threading.Event()
         self._make = make
+        with Making._unfinished_lock:
+            Making._unfinished.add(self)
         if start:
             threading.Thread(target=self.run, name="coordinator-communicator",
                              daemon=True).start()
@@ -227,6 +235,25 @@ class Making:
             self.error = exc
         finally:
             self.done.set()
+            with Making._unfinished_lock:
+                Making._unfinished.discard(self)
+
+    @staticmethod
+    def settle(timeout):
+        """Waits up to `timeout` seconds for every communicator still being
+        made to be made; False if some are not. At shutdown, before MPI may
+        be finalized: every member of a registered set makes its
+        communicators (in one order, InOrder), so they finish unless a
+        member has stopped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with Making._unfinished_lock:
+                pending = list(Making._unfinished)
+            if not pending:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or not pending[0].done.wait(left):
+                return False
 
     def ready(self):
         return self.done.is_set()

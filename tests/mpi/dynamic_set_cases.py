@@ -83,3 +83,28 @@ def case_a_set_does_not_outlive_shutdown_and_the_same_object_can_be_added_again(
                      np.ones(1))
     hvd.barrier()
     assert hvd.remove_process_set(ps)
+
+
+def case_shutdown_waits_for_a_communicator_still_being_made(hvd):
+    """A set's communicators are made in helper threads as it is registered;
+    one still inside MPI_Comm_create_group when the process finalizes MPI
+    crashed it (SIGSEGV with sets added just before the end). shutdown()
+    waits for them first: here for one this rank makes slowly."""
+    import threading
+
+    from coordinator.ops.mpi_ops import Making
+
+    release = threading.Event()
+    Making(lambda: release.wait(30))
+    done = threading.Event()
+    threading.Thread(target=lambda: (hvd.shutdown(), done.set()), daemon=True).start()
+    assert not done.wait(1.0), "shutdown() returned with a communicator still being made"
+    release.set()
+    assert done.wait(30), "shutdown() did not return once the communicator was made"
+    hvd.init(process_sets="dynamic")
+    ps = hvd.add_process_set(list(range(hvd.size())[::-1][:1]))  # made as it is added
+    hvd.shutdown()  # right away: waits for it
+    hvd.init(process_sets="dynamic")
+    assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.settle"),
+                 np.full(1, float(hvd.size())))
+    del ps
