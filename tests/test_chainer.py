@@ -165,3 +165,61 @@ def test_chainer_environment_check_is_skipped_only_when_it_cannot_run():
     skipped = (check.__doc__ or "").startswith("Chainer's import-time environment check, "
                                                "skipped")
     assert skipped == (not _import_chainer.environment_check_can_run())
+
+
+class _Loopback:
+    """A communicator of rank 0 whose send and gather keep what a peer
+    would receive, and whose recv and scatter hand it back."""
+
+    rank, size = 0, 2
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, data, rank, tag=0):
+        self.sent.append(data)
+
+    def recv(self, rank, tag=0):
+        return self.sent.pop(0)
+
+
+def test_model_parallel_functions_make_their_placeholders_with_the_inputs_module(monkeypatch):
+    """On a GPU the inputs are CuPy arrays and Chainer refuses a NumPy
+    array beside them (TypeError: incompatible array types are mixed):
+    send's placeholder, the delegate it returns, recv's zero gradients and
+    pseudo_connect's empty delegate are made by the module Chainer names
+    for the arrays (chainer.backend.get_array_module), NumPy here."""
+    import chainer
+
+    made = []
+
+    class Module:
+        def __getattr__(self, name):
+            attr = getattr(np, name)
+            if name not in ("empty", "zeros", "ones"):
+                return attr
+            return lambda *a, **k: made.append(name) or attr(*a, **k)
+
+    import sys
+
+    real = chainer.backend.get_array_module
+
+    def get_array_module(*arrays):  # the recording module for our code only
+        ours = sys._getframe(1).f_globals.get("__name__", "").startswith("frontends.")
+        return Module() if ours else real(*arrays)
+
+    monkeypatch.setattr(chainer.backend, "get_array_module", get_array_module)
+    comm = _Loopback()
+    x = chainer.Variable(np.arange(3, dtype=np.float32))
+    delegate = chainermn.functions.send(x, comm, rank=1)
+    assert made.count("empty") == 2, made  # the placeholder and the delegate
+    y = chainermn.functions.recv(comm, rank=1, delegate_variable=delegate)
+    np.testing.assert_array_equal(y.array, np.arange(3))
+    made.clear()
+    comm.sent.append((np.ones(3, np.float32),))  # the gradient x will receive
+    y2 = chainer.functions.sum(y * 0)  # y gets a gradient of zeros
+    y2.backward()
+    assert "zeros" in made, made  # the delegate's zero gradient
+    made.clear()
+    z, = chainermn.functions.pseudo_connect(None, chainer.Variable(np.ones(2, np.float32)))
+    assert made == ["empty"], made

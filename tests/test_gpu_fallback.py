@@ -1090,7 +1090,8 @@ def test_another_sets_gpu_operations_run_while_a_rank_outside_it_is_idle(fake_nc
                                   "pure_nccl_reduces_gradients_in_allreduce_grad_dtype",
                                   "array_collectives_keep_device_arrays_on_the_device",
                                   "dummy_checks_gradients_and_leaves_them",
-                                  "double_buffering_updates_with_the_previous_steps_device_mean"])
+                                  "double_buffering_updates_with_the_previous_steps_device_mean",
+                                  "extensions_take_device_arrays"])
 def test_chainermn_gpu_communicators_on_device_arrays_at_np2(case, fake_nccl):
     _check("tests/mpi/chainer_gpu_cases.py", case, 2, _mpi_env(fake_nccl))
 

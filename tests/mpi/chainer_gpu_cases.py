@@ -209,3 +209,43 @@ def case_double_buffering_updates_with_the_previous_steps_device_mean(hvd):
     for got, step in zip(actual.seen, (1, 2)):
         np.testing.assert_allclose(got["/w"], np.full(3, mean * step))
     comm.finalize()
+
+
+class _LinkWithPersistents:
+    """What AllreducePersistent reads of a Chainer link: namedlinks(), each
+    link's _persistent names and their values in __dict__."""
+
+    def __init__(self, **persistents):
+        self._persistent = set(persistents)
+        self.__dict__.update(persistents)
+
+    def namedlinks(self):
+        return [("/bn", self)]
+
+
+def case_extensions_take_device_arrays(hvd):
+    """On a GPU, Chainer's persistents and reported values are CuPy arrays:
+    AllreducePersistent skipped them (the running statistics were never
+    averaged), the multi-node evaluator and the early-stopping trigger
+    passed them to np.asarray, which CuPy refuses."""
+    from frontends.chainer.extensions import evaluator
+    from frontends.chainer.extensions import multi_node_early_stopping_trigger as early
+
+    n, me = hvd.size(), hvd.rank()
+    mean = sum(range(n)) / n
+    comm = _gpu_comm()
+    link = _LinkWithPersistents(avg_mean=_device(np.full(3, me), np.float32),
+                                N=_device(np.full(1, me), np.int64))
+    from frontends.chainer.extensions.allreduce_persistent import AllreducePersistent
+
+    AllreducePersistent(link, comm)()
+    assert isinstance(link.avg_mean, FakeDeviceArray)
+    np.testing.assert_allclose(link.avg_mean.get(), np.full(3, mean))
+    np.testing.assert_array_equal(link.N.get(), [me])  # integers are left alone
+    out = evaluator.mean_over_ranks(comm, {"main/loss": _device(float(me), np.float32),
+                                           "main/acc": float(me)})
+    assert isinstance(out["main/loss"], FakeDeviceArray), out
+    np.testing.assert_allclose(np.asarray(out["main/loss"].get()), mean)
+    np.testing.assert_allclose(out["main/acc"], mean)
+    assert early._scalar(_device(2.5, np.float32)) == 2.5
+    comm.finalize()

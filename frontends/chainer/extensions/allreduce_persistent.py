@@ -7,6 +7,7 @@ import numpy as np
 import chainer
 import chainer.training.extension
 import coordinator as hvd
+from coordinator import gpu
 
 
 def _named_persistents(model):
@@ -27,8 +28,12 @@ class AllreducePersistent(chainer.training.extension.Extension):
     def __call__(self, trainer=None):
         pending = []
         for name, value in sorted(_named_persistents(self.model), key=lambda kv: kv[0]):
-            if isinstance(value, np.ndarray) and value.dtype.kind == "f":
-                out = value if value.flags.c_contiguous and value.flags.writeable else None
+            # NumPy or CuPy arrays (on a GPU, CuPy's: skipping them left the
+            # running statistics unaveraged).
+            if (isinstance(value, np.ndarray) or gpu.is_device_array(value)) \
+                    and value.dtype.kind == "f":
+                writable = getattr(value.flags, "writeable", True)  # (CuPy's have none)
+                out = value if value.flags.c_contiguous and writable else None
                 handle = hvd.allreduce_async(value, op=hvd.Average,
                                              name=f"{self.comm._prefix}.persistent{name}",
                                              process_set=self.comm.process_set, output=out)

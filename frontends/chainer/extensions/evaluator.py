@@ -21,6 +21,7 @@ import numpy as np
 import chainer
 import coordinator as hvd
 from chainer.dataset import convert
+from coordinator import gpu
 from chainer.training import extension
 from chainer.utils import argument
 
@@ -28,7 +29,9 @@ from chainer.utils import argument
 def _as_array(value):
     if isinstance(value, chainer.Variable):
         value = value.array
-    arr = np.asarray(value)
+    # A CuPy array (what Chainer's reporter gives on a GPU) stays on its
+    # device, where the core reduces it; np.asarray would refuse it.
+    arr = value if gpu.is_device_array(value) else np.asarray(value)
     if arr.dtype.kind not in "f":
         arr = arr.astype(np.float64)
     # (np.ascontiguousarray would turn a 0-d array into shape (1,))
@@ -54,7 +57,8 @@ def mean_over_ranks(communicator, values, tag="eval"):
     out = {}
     for key, mean in zip(keys, means):
         original = values[key]
-        is_array = isinstance(original, (np.ndarray, chainer.Variable))
+        is_array = (isinstance(original, (np.ndarray, chainer.Variable))
+                    or gpu.is_device_array(original))
         out[key] = mean if is_array and mean.ndim else mean[()]
     return out
 

@@ -25,6 +25,7 @@ import chainer
 from chainer.training import util
 from chainer.training.triggers import EarlyStoppingTrigger
 import coordinator as hvd
+from coordinator import gpu
 
 _instances = itertools.count()
 
@@ -32,6 +33,8 @@ _instances = itertools.count()
 def _scalar(value):
     if isinstance(value, chainer.Variable):
         value = value.array
+    if gpu.is_device_array(value):  # a GPU's loss: np.asarray refuses CuPy arrays
+        value = value.get()
     return float(np.asarray(value, dtype=np.float64))
 
 

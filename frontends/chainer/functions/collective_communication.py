@@ -30,13 +30,14 @@ import chainer
 
 
 def _zeros_for_missing(grads, metas):
-    """Gradients as arrays, zeros where an output got none."""
-    return tuple(np.zeros(shape, dtype) if g is None else g.array
-                 for g, (shape, dtype) in zip(grads, metas))
+    """Gradients as arrays, zeros where an output got none (NumPy or CuPy
+    zeros, as the output was: Chainer refuses the two mixed)."""
+    return tuple(xp.zeros(shape, dtype) if g is None else g.array
+                 for g, (shape, dtype, xp) in zip(grads, metas))
 
 
 def _metas(arrays):
-    return [(a.shape, a.dtype) for a in arrays]
+    return [(a.shape, a.dtype, chainer.backend.get_array_module(a)) for a in arrays]
 
 
 def _sum(arrays, dtype):
@@ -128,8 +129,9 @@ class Gather(chainer.FunctionNode):
         if self.comm.rank == self.root:
             self._out = _metas(ys)
             return ys
-        self._out = [((0,), x.dtype)]
-        return np.empty((0,), dtype=x.dtype),
+        xp = chainer.backend.get_array_module(x)
+        self._out = [((0,), x.dtype, xp)]
+        return xp.empty((0,), dtype=x.dtype),
 
     def backward(self, indexes, grad_outputs):
         if self.comm.rank == self.root:

@@ -42,7 +42,8 @@ class Send(chainer.FunctionNode):
     def forward(self, inputs):
         xs = inputs[:-1]
         self.comm.send(xs[0] if len(xs) == 1 else tuple(xs), self.peer_rank, self.peer_tag)
-        return np.empty((0,), dtype=np.float32),
+        self._xp = chainer.backend.get_array_module(*inputs)
+        return self._xp.empty((0,), dtype=np.float32),
 
     def backward(self, indexes, grad_outputs):
         grads = self.comm.recv(self.peer_rank, self.peer_tag)
@@ -52,7 +53,7 @@ class Send(chainer.FunctionNode):
         for node, g in zip(self.inputs[:-1], grads):
             # Integer inputs (labels, indices) have no gradient.
             out.append(chainer.Variable(g) if node.dtype.kind == "f" else None)
-        out.append(chainer.Variable(np.empty((0,), np.float32)))
+        out.append(chainer.Variable(self._xp.empty((0,), np.float32)))
         return tuple(out)
 
 
@@ -73,16 +74,19 @@ class Recv(chainer.FunctionNode):
         data = self.comm.recv(self.peer_rank, self.peer_tag)
         if not isinstance(data, tuple):
             data = (data,)
-        self._out = [(d.shape, d.dtype) for d in data]
+        # NumPy or CuPy, as the arrays were: Chainer refuses the two mixed.
+        self._out = [(d.shape, d.dtype, chainer.backend.get_array_module(d)) for d in data]
+        self._in_xp = chainer.backend.get_array_module(*inputs)
         return data
 
     def backward(self, indexes, grad_outputs):
-        grads = tuple(np.zeros(shape, dtype) if g is None else g.array
-                      for g, (shape, dtype) in zip(grad_outputs, self._out))
+        grads = tuple(xp.zeros(shape, dtype) if g is None else g.array
+                      for g, (shape, dtype, xp) in zip(grad_outputs, self._out))
         self.comm.send(grads, self.peer_rank, self.peer_tag)
         # A zero gradient for the delegate, so that backward goes on into
         # the component before it.
-        return tuple(chainer.Variable(np.zeros(n.shape, n.dtype)) for n in self.inputs)
+        return tuple(chainer.Variable(self._in_xp.zeros(n.shape, n.dtype))
+                     for n in self.inputs)
 
 
 def send(x, communicator, rank, tag=0):
@@ -95,8 +99,11 @@ def send(x, communicator, rank, tag=0):
         `rank`, which sends them when it runs backward through its recv.
     """
     _check_peer(communicator, rank)
-    placeholder = chainer.Variable(np.empty((0,), np.float32))
     xs = tuple(x) if isinstance(x, (list, tuple)) else (x,)
+    # In the arrays' own module (CuPy on a GPU): Chainer refuses a NumPy
+    # input beside CuPy ones.
+    xp = chainer.backend.get_array_module(*xs)
+    placeholder = chainer.Variable(xp.empty((0,), np.float32))
     delegate, = Send(communicator, peer_rank=rank, peer_tag=tag).apply(xs + (placeholder,))
     delegate.name = "delegate_variable"
     return delegate

@@ -46,6 +46,7 @@ def pseudo_connect(delegate_variable, *actual_variables):
     Returns:
         tuple of chainer.Variable: the same values as `actual_variables`.
     """
-    if delegate_variable is None:
-        delegate_variable = np.empty((0,), np.float32)
+    if delegate_variable is None:  # (in the variables' module: NumPy or CuPy)
+        xp = chainer.backend.get_array_module(*actual_variables)
+        delegate_variable = xp.empty((0,), np.float32)
     return PseudoConnect().apply((delegate_variable,) + tuple(actual_variables))

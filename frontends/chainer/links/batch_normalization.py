@@ -65,10 +65,11 @@ class MultiNodeBatchNormalization(link.Link):
 
     def forward(self, x, finetune=False):
         shape = self.avg_mean.shape
+        xp = self.xp  # CuPy on a GPU: NumPy arrays beside a CuPy x are refused
         gamma = self.gamma if hasattr(self, "gamma") else variable.Variable(
-            np.ones(shape, dtype=self._highprec_dtype))
+            xp.ones(shape, dtype=self._highprec_dtype))
         beta = self.beta if hasattr(self, "beta") else variable.Variable(
-            np.zeros(shape, dtype=self._highprec_dtype))
+            xp.zeros(shape, dtype=self._highprec_dtype))
         if not chainer.config.train:
             return bn.fixed_batch_normalization(x, gamma, beta, variable.Variable(self.avg_mean),
                                                 variable.Variable(self.avg_var), self.eps)
