@@ -3,6 +3,7 @@ NumPy the frontend relies on, error translation, compression."""
 
 import gc
 import os
+import types
 import weakref
 
 import numpy as np
@@ -244,3 +245,112 @@ def test_util_is_horovods_helpers_module():
     twice = hvd._cache(lambda x: calls.append(x) or x * 2)
     assert twice(3) == 6 and twice(3) == 6 and calls == [3]
     assert float(hvd._make_subgraph(lambda: tf.constant(2.0) * 3)()) == 6.0
+
+
+def test_a_gpu_ops_int32_result_in_host_memory_is_not_a_gpu_tensor():
+    """TensorFlow keeps int32 results of GPU ops in host memory: `device`
+    says GPU, `backing_device` says CPU, and DLPack exports a CPU array,
+    which CuPy refuses. The backing device decides."""
+    gpu_name = "/job:localhost/replica:0/task:0/device:GPU:0"
+    cpu_name = "/job:localhost/replica:0/task:0/device:CPU:0"
+    held_on_host = type("T", (), {"device": gpu_name, "backing_device": cpu_name})()
+    on_device = type("T", (), {"device": gpu_name, "backing_device": gpu_name})()
+    assert not bridge.on_gpu(held_on_host) and bridge.on_gpu(on_device)
+    assert not bridge.on_gpu(tf.constant([1], tf.int32))
+
+
+def _cuda_capsule():
+    """A DLPack capsule marked as CUDA memory (NumPy's, its device type
+    rewritten: only its header is read here), and its header's address."""
+    import ctypes
+
+    capsule = np.arange(4, dtype=np.float32).__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    base = get(capsule, b"dltensor")
+    return capsule, base
+
+
+def test_a_capsules_gpu_number_is_rewritten_in_place():
+    import ctypes
+
+    with pytest.raises(ValueError, match="not a CUDA"):
+        bridge._retarget(np.zeros(2).__dlpack__(), 1)  # a CPU capsule is left alone
+    capsule, base = _cuda_capsule()
+    ptr = ctypes.sizeof(ctypes.c_void_p)
+    ctypes.c_int32.from_address(base + ptr).value = 2  # kDLCUDA
+    assert bridge._retarget(capsule, 3) is capsule
+    assert ctypes.c_int32.from_address(base + ptr + 4).value == 3
+    ctypes.c_int32.from_address(base + ptr).value = 1  # (back to CPU for its deleter)
+
+
+@pytest.mark.parametrize("logical,expected", [(1, [2]), (2, None)])
+def test_tensorflows_gpu_numbers_map_to_cuda_ordinals(monkeypatch, logical, expected):
+    """With `set_visible_devices(gpus[2], 'GPU')` (Horovod's recipe for
+    local rank 2) TensorFlow's GPU:0 is CUDA device 2, and its DLPack
+    capsules name 0 (tensorflow/tensorflow#47866). A GPU split into logical
+    ones has no known mapping: numbers are taken as they are."""
+    visible = [types.SimpleNamespace(name="/physical_device:GPU:2")]
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: visible)
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [0] * logical)
+    bridge._cuda_ordinals.cache_clear()
+    try:
+        assert bridge._cuda_ordinals() == expected
+        assert bridge._cuda_ordinal(0) == (2 if expected else 0)
+        assert bridge._tf_gpu(2) == (0 if expected else 2)
+    finally:
+        bridge._cuda_ordinals.cache_clear()
+
+
+def test_a_gpu_without_memory_growth_is_said_once(monkeypatch, caplog):
+    visible = [types.SimpleNamespace(name="/physical_device:GPU:0")]
+    monkeypatch.setattr(tf.config, "get_visible_devices", lambda kind=None: visible)
+    monkeypatch.setattr(tf.config.experimental, "get_memory_growth", lambda device: False)
+    monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
+    bridge._check_memory_growth.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="coordinator"):
+            bridge._check_memory_growth(0)
+            bridge._check_memory_growth(0)
+        said = [r for r in caplog.records if "set_memory_growth" in r.getMessage()]
+        assert len(said) == 1, said
+    finally:
+        bridge._check_memory_growth.cache_clear()
+
+
+def test_a_gpu_tensor_reaches_cupy_and_comes_back_under_each_ones_gpu_number(monkeypatch):
+    """Where TensorFlow's GPU:0 is CUDA device 2: CuPy is handed a capsule
+    (and a device) naming 2, and TensorFlow one naming 0."""
+    import ctypes
+
+    from coordinator import gpu
+
+    ptr = ctypes.sizeof(ctypes.c_void_p)
+    capsule, base = _cuda_capsule()
+    ctypes.c_int32.from_address(base + ptr).value = 2  # kDLCUDA, TensorFlow's GPU:0
+    seen = {}
+
+    def from_dlpack(producer):
+        seen["device"] = producer.__dlpack_device__()
+        seen["capsule_id"] = ctypes.c_int32.from_address(base + ptr + 4).value
+        return "a cupy array"
+
+    monkeypatch.setitem(gpu._modules, "cupy", types.SimpleNamespace(from_dlpack=from_dlpack))
+    monkeypatch.setattr(bridge, "_cuda_ordinals", lambda: [2])
+    monkeypatch.setattr(bridge, "_check_memory_growth", lambda tf_gpu: None)
+    monkeypatch.setattr(tf.experimental.dlpack, "to_dlpack", lambda view: capsule)
+    view = types.SimpleNamespace(__dlpack_device__=lambda: (2, 0))
+    assert bridge._device_array(types.SimpleNamespace(dtype=tf.float32), view) == "a cupy array"
+    assert seen == {"device": (2, 2), "capsule_id": 2}
+
+    out, out_base = _cuda_capsule()
+    ctypes.c_int32.from_address(out_base + ptr).value = 2
+    ctypes.c_int32.from_address(out_base + ptr + 4).value = 2  # CuPy's CUDA device 2
+    result = types.SimpleNamespace(__dlpack__=lambda: out, device=types.SimpleNamespace(id=2))
+    monkeypatch.setattr(bridge, "_on_host", lambda array: False)
+    monkeypatch.setattr(bridge, "_results_may_be_queued", lambda: False)
+    monkeypatch.setattr(tf.experimental.dlpack, "from_dlpack",
+                        lambda c: ctypes.c_int32.from_address(out_base + ptr + 4).value)
+    assert bridge.to_tensor(result, tf.float32) == 0  # TensorFlow's GPU:0
+    for b in (base, out_base):
+        ctypes.c_int32.from_address(b + ptr).value = 1  # (back to CPU for the deleters)

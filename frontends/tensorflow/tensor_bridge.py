@@ -38,13 +38,18 @@ on the host: GPU tensors are copied to the host and the results back by
 TensorFlow itself.
 """
 
+import ctypes
 import functools
+import logging
 import math
+import os
 
 import numpy as np
 import tensorflow as tf
 
 from coordinator import gpu as core_gpu
+
+log = logging.getLogger("coordinator")
 
 # TensorFlow's CPU allocator and kernels assume this alignment (Eigen).
 ALIGNMENT = 64
@@ -70,8 +75,76 @@ def aligned_empty(shape, dtype):
 
 
 def on_gpu(tensor):
-    """True for an eager tensor placed on a GPU."""
-    return ":GPU:" in (getattr(tensor, "device", None) or "")
+    """True for an eager tensor whose memory is on a GPU. `device` names
+    where its op ran; TensorFlow keeps the int32 results of GPU ops in host
+    memory, which `backing_device` says (DLPack exports them as CPU arrays,
+    which CuPy refuses)."""
+    try:
+        where = tensor.backing_device
+    except Exception:  # (not an eager tensor)
+        where = getattr(tensor, "device", None)
+    return ":GPU:" in (where or "")
+
+
+# DLPack's DLManagedTensor begins with a DLTensor: data (a pointer), then
+# its DLDevice: device_type and device_id, two int32s.
+_DEVICE_TYPE_AT, _DEVICE_ID_AT = ctypes.sizeof(ctypes.c_void_p), ctypes.sizeof(ctypes.c_void_p) + 4
+_KDLCUDA = 2
+
+
+def _retarget(capsule, device_id):
+    """Sets the device id a (not yet consumed) CUDA DLPack capsule names."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    base = get(capsule, b"dltensor")
+    if ctypes.c_int32.from_address(base + _DEVICE_TYPE_AT).value != _KDLCUDA:
+        raise ValueError("not a CUDA DLPack capsule")
+    ctypes.c_int32.from_address(base + _DEVICE_ID_AT).value = device_id
+    return capsule
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_ordinals():
+    """TensorFlow's GPU numbers -> CUDA device ordinals. They differ where
+    the program hid GPUs from TensorFlow (Horovod's recipe:
+    `tf.config.set_visible_devices(gpus[hvd.local_rank()], 'GPU')` makes
+    every rank's GPU TensorFlow's GPU:0), and TensorFlow's DLPack names its
+    own number (tensorflow/tensorflow#47866). None where TensorFlow splits a
+    GPU into several logical ones (no mapping is known): numbers are then
+    taken as they are."""
+    visible = tf.config.get_visible_devices("GPU")
+    if len(visible) != len(tf.config.list_logical_devices("GPU")):
+        return None
+    return [int(d.name.rsplit(":", 1)[1]) for d in visible]
+
+
+def _cuda_ordinal(tf_gpu):
+    ordinals = _cuda_ordinals()
+    return ordinals[tf_gpu] if ordinals and tf_gpu < len(ordinals) else tf_gpu
+
+
+def _tf_gpu(ordinal):
+    ordinals = _cuda_ordinals()
+    return ordinals.index(ordinal) if ordinals and ordinal in ordinals else ordinal
+
+
+@functools.lru_cache(maxsize=None)
+def _check_memory_growth(tf_gpu):
+    """Says once per GPU when TensorFlow may hold nearly all of its memory:
+    the core's results and NCCL's buffers come from CuPy's pool beside it."""
+    if os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").lower() == "true":
+        return
+    try:
+        growth = tf.config.experimental.get_memory_growth(
+            tf.config.get_visible_devices("GPU")[tf_gpu])
+    except Exception:
+        return
+    if not growth:
+        log.warning("TensorFlow reserves most of GPU:%d's memory unless memory growth is on, "
+                    "and the coordinator's results come from CuPy's memory pool on the same "
+                    "GPU: call tf.config.experimental.set_memory_growth(gpu, True) before "
+                    "TensorFlow uses the GPU (as Horovod's examples do), or set "
+                    "TF_FORCE_GPU_ALLOW_GROWTH=true", tf_gpu)
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,8 +182,16 @@ def _device_view(tensor):
 
 def _device_array(original, view):
     cp = core_gpu.cupy("a GPU tensor")
-    array = cp.from_dlpack(_Exported(tf.experimental.dlpack.to_dlpack(view),
-                                     view.__dlpack_device__()))
+    capsule = tf.experimental.dlpack.to_dlpack(view)
+    kind, tf_gpu = view.__dlpack_device__()
+    device = (kind, tf_gpu)
+    if kind == _KDLCUDA:
+        _check_memory_growth(tf_gpu)
+        ordinal = _cuda_ordinal(tf_gpu)
+        if ordinal != tf_gpu:  # CuPy takes the capsule's number for a CUDA ordinal
+            device = (kind, ordinal)
+            _retarget(capsule, ordinal)
+    array = cp.from_dlpack(_Exported(capsule, device))
     return core_gpu.bfloat16(array) if original.dtype == tf.bfloat16 else array
 
 
@@ -197,8 +278,15 @@ def to_tensor(array, dtype=None):
         # written; synchronize made CuPy's current stream wait for it, but
         # TensorFlow reads on streams of its own, so wait here on the host.
         core_gpu.cupy().cuda.get_current_stream().synchronize()
-    export = getattr(array, "toDlpack", None)
-    tensor = tf.experimental.dlpack.from_dlpack(export() if export else array.__dlpack__())
+    # __dlpack__() with no max_version gives the unversioned capsule
+    # TensorFlow takes; CuPy 13.4.0's toDlpack() gave a versioned one.
+    dlpack = getattr(array, "__dlpack__", None)
+    capsule = dlpack() if dlpack is not None else array.toDlpack()
+    ordinal = array.device.id
+    tf_gpu = _tf_gpu(ordinal)
+    if tf_gpu != ordinal:  # TensorFlow reads the capsule's number as its own GPU's
+        _retarget(capsule, tf_gpu)
+    tensor = tf.experimental.dlpack.from_dlpack(capsule)
     if dtype == tf.bfloat16 and tensor.dtype != tf.bfloat16:
         return tf.bitcast(tensor, tf.bfloat16)
     if dtype == tf.bool and tensor.dtype != tf.bool:
