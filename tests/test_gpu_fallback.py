@@ -370,6 +370,26 @@ def test_staging_writes_into_the_given_device_output(fake_cupy):
     assert out is e.tensor and e.done_event is not None
 
 
+def test_staging_allocates_its_pinned_buffer_with_the_tensors_device_current(fake_cupy,
+                                                                            monkeypatch):
+    """cudaHostAlloc from the background thread, whose current device is 0,
+    would open a context on GPU 0 for every rank of a machine: the pinned
+    buffer is allocated with the tensors' device current."""
+    ops, _ = _staged(fake_cupy)
+    current = []
+    monkeypatch.setattr(fake_cupy.cuda, "alloc_pinned_memory",
+                        lambda n: current.append(gpu_fakes._DeviceContext.current_id())
+                        or bytearray(n))
+    x = FakeDeviceArray.of(np.ones(4, np.float32))
+    e = Entry("t", pb.ALLREDUCE, tensor=x, dtype_info=dtypes.info_for(x.dtype),
+              shape=x.shape, device=1)
+    e.ready_point = gpu.ReadyPoint(1, gpu_fakes._Stream.current_stream())
+    (out,) = drive(ops.allreduce(_response(pb.ALLREDUCE, pb.FLOAT32, reduce_op=pb.SUM),
+                                 [e], ["t"]))
+    np.testing.assert_array_equal(out.get(), np.ones(4))
+    assert current == [1], current
+
+
 # ------------------------------------------------------ NCCL, one rank
 class _SoloComms:
     """The device lanes' Communicators at one rank."""

@@ -147,10 +147,12 @@ class HostStaging:
         for n in sizes:
             starts.append(total)
             total += -(-n // _ALIGN) * _ALIGN
-        pinned = self._pinned_buffer((response.process_set_id, device), total)
         cp = self.cp
         arrays = []
         with cp.cuda.Device(device):
+            # (with the device current: cudaHostAlloc on the background
+            # thread would otherwise open a context on GPU 0 for every rank)
+            pinned = self._pinned_buffer((response.process_set_id, device), total)
             for event in gpu.ready_events(entries):
                 stream.wait_event(event)
             for e, start, n in zip(entries, starts, sizes):
