@@ -155,7 +155,7 @@ def _add_process_set(rt, process_set):
     if ps.process_set_id is not None:
         raise ValueError(f"add_process_set: {ps!r} is already registered")
     ranks = rt.ranks_of(ps)
-    if rt.process_sets.find(ranks) is not None:
+    if rt.process_sets.id_of(ranks) is not None:
         raise ValueError(f"add_process_set: a process set with ranks {ranks} already exists")
     bad = [r for r in ranks if not 0 <= r < rt.size]
     if bad or not ranks:

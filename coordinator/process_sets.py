@@ -158,10 +158,6 @@ class ProcessSetTable:
                     return pid
         return None
 
-    def find(self, ranks):
-        pid = self.id_of(ranks)
-        return None if pid is None else self._sets.get(pid)
-
     def members(self, process_set_id):
         ps = self._sets.get(process_set_id)
         return ps._ranks if ps is not None else None

@@ -82,17 +82,18 @@ class Basics:
                              "process set.")
         return pid
 
-    def _process_set_size(self, process_set_id):
-        ranks = self._runtime().process_sets.members(int(process_set_id))
-        if ranks is None:
-            raise ValueError("Process set does not exist or has not been registered.")
-        return len(ranks)
-
-    def _process_set_rank(self, process_set_id):
-        rt = self._runtime()
+    def _members(self, rt, process_set_id):
         ranks = rt.process_sets.members(int(process_set_id))
         if ranks is None:
             raise ValueError("Process set does not exist or has not been registered.")
+        return ranks
+
+    def _process_set_size(self, process_set_id):
+        return len(self._members(self._runtime(), process_set_id))
+
+    def _process_set_rank(self, process_set_id):
+        rt = self._runtime()
+        ranks = self._members(rt, process_set_id)
         if rt.rank not in ranks:
             raise ValueError("Process is not part of provided process set.")
         return ranks.index(rt.rank)

@@ -222,7 +222,6 @@ def _fake_cupy_for_torch_streams(monkeypatch, cupy_14, made, delay=0.0):
     monkeypatch.setattr(_tensors, "_raw_stream", lambda device: 0x1234)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: TorchStream())
     monkeypatch.setattr(_tensors, "_cupy_streams", {})
-    monkeypatch.setattr(_tensors, "_kept_streams", [])
 
 
 @pytest.mark.parametrize("cupy_14", [True, False])
@@ -255,7 +254,7 @@ def test_threads_meeting_a_new_torch_stream_wrap_it_once(monkeypatch):
     for t in threads:
         t.join()
     assert len(made) == 1 and len(got) == 4 and all(g is got[0] for g in got), (made, got)
-    assert _tensors._kept_streams == [got[0]]
+    assert list(_tensors._cupy_streams.values()) == [got[0]]
 
 
 def test_state_handlers_take_horovods_parameter_names():

@@ -70,9 +70,9 @@ _cupy_streams = {}  # (device, torch stream handle) -> the CuPy stream over it
 # CuPy 14's Stream.from_external makes a Stream whose __del__ destroys the
 # CUDA stream it wraps (here torch's): each wrapper is made once, under this
 # lock (two threads may meet a new stream at once, and CuPy's calls let go
-# of the interpreter lock), and kept for the life of the process.
+# of the interpreter lock), and kept in _cupy_streams for the life of the
+# process.
 _streams_lock = threading.Lock()
-_kept_streams = []
 
 # torch's current stream as a raw handle: no torch.cuda.Stream object made.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -97,9 +97,7 @@ def _cupy_stream(device):
         with _streams_lock:
             wrapped = _cupy_streams.get((device, handle))
             if wrapped is None:
-                wrapped = _wrap_stream(device)
-                _kept_streams.append(wrapped)
-                _cupy_streams[(device, handle)] = wrapped
+                wrapped = _cupy_streams[(device, handle)] = _wrap_stream(device)
     return wrapped
 
 

@@ -18,6 +18,7 @@ forward and in backward. A send returns once the peer has received.
 import numpy as np
 
 import chainer
+from frontends.chainer.functions.collective_communication import _metas, _zeros_for_missing
 
 
 def _check_peer(communicator, rank):
@@ -74,14 +75,12 @@ class Recv(chainer.FunctionNode):
         data = self.comm.recv(self.peer_rank, self.peer_tag)
         if not isinstance(data, tuple):
             data = (data,)
-        # NumPy or CuPy, as the arrays were: Chainer refuses the two mixed.
-        self._out = [(d.shape, d.dtype, chainer.backend.get_array_module(d)) for d in data]
+        self._out = _metas(data)
         self._in_xp = chainer.backend.get_array_module(*inputs)
         return data
 
     def backward(self, indexes, grad_outputs):
-        grads = tuple(xp.zeros(shape, dtype) if g is None else g.array
-                      for g, (shape, dtype, xp) in zip(grad_outputs, self._out))
+        grads = _zeros_for_missing(grad_outputs, self._out)
         self.comm.send(grads, self.peer_rank, self.peer_tag)
         # A zero gradient for the delegate, so that backward goes on into
         # the component before it.
