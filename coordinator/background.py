@@ -1626,6 +1626,13 @@ class Background:
     def _begin_final(self, reason, finished=False):
         """Shuts down for `reason`; `finished`: the rank that asked did so
         because its program is done (ShutdownError.peer_finished)."""
+        if finished:
+            reason = f"{reason}; {FINISHED_MARK}"
+        # Why, before `stopping` says so: a frontend thread waiting outside
+        # the coordinator (Runtime.check_running) reads the reason as soon
+        # as it sees `stopping`.
+        self.final_reason = reason
+        self._final_finished = finished
         self.stopping = True
         # A round rank 0 has answered is still run here: its answer is on
         # the way (rank 0 may have finished, say, a barrier and shut down
@@ -1645,14 +1652,10 @@ class Background:
         # others take their results from it (and may be done and shutting
         # down already), so they complete here too.
         keep |= {id(e) for e in self._riding.values()}
-        self._final_finished = finished
-        if finished:
-            reason = f"{reason}; {FINISHED_MARK}"
         self.queue.close_and_fail(lambda e: self._shutdown_error(
             f"{e.describe()}: the coordinator has shut down ({reason})"), keep=keep)
         request = self.channel.barrier()
         self._final = (request, time.monotonic() + SHUTDOWN_TIMEOUT, reason)
-        self.final_reason = reason
         # A cycle in flight is left as it is: nothing reads it any more, and
         # MPI_Finalize does not wait for it (measured with Open MPI 5); but
         # MPI may complete it there, so its buffers outlive the interpreter

@@ -562,3 +562,34 @@ def test_the_switch_interval_is_short_only_while_asked_and_put_back():
         assert sys.getswitchinterval() == pytest.approx(1e-3) and not switch.shortened
     finally:
         sys.setswitchinterval(before)
+
+
+class _Watched(types.SimpleNamespace):
+    """A stand-in for the background thread's state that records what a
+    frontend thread would read (Runtime.check_running) at the moment
+    `stopping` turns true."""
+
+    def __setattr__(self, name, value):
+        if name == "stopping" and value:
+            self.__dict__["seen"] = (self.__dict__.get("final_reason"),
+                                     self.__dict__.get("_final_finished"))
+        super().__setattr__(name, value)
+
+
+def test_the_reason_of_a_shutdown_is_there_as_soon_as_stopping_says_so():
+    """A thread waiting outside the coordinator reads `final_reason` once it
+    sees `stopping`: set in the other order, it read None, and a peer's
+    exception was reported as "shutdown() was called" (ChainerMN's recv_obj,
+    test_chainer_mpi.py, about 1 run in 7)."""
+    state = _Watched(
+        final_reason=None, _final_finished=False, stopping=False, round=None, _answered=0,
+        sent={}, _riding={},
+        executor=types.SimpleNamespace(in_flight=lambda: []),
+        queue=types.SimpleNamespace(close_and_fail=lambda *a, **k: None),
+        channel=types.SimpleNamespace(barrier=lambda: None))
+    Background._begin_final(state, "rank 1 is exiting after an uncaught ValueError",
+                            finished=True)
+    reason, finished = state.seen
+    assert reason is not None and reason.startswith("rank 1 is exiting"), reason
+    assert finished is True
+    assert state.final_reason == reason and state._final is not None
