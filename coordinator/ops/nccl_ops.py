@@ -53,8 +53,8 @@ runs it on the host (staging.py).
 
 Host-aware allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1 or
 HOROVOD_TORUS_ALLREDUCE=1, global set, several hosts of several ranks): the
-fusion buffer, padded to a multiple of the ranks per host (the same on
-every host, as for the MPI torus), is
+fusion buffer, padded to a multiple of the ranks per host times 64 bytes
+(the same on every host, so each rank's share starts aligned), is
 reduce-scattered among the ranks of the host, each rank's share is
 allreduced among the ranks with its local rank on every host, and the
 shares are allgathered in the host (the 2D torus, as Horovod's NCCL
@@ -269,6 +269,21 @@ def _row_elems(shape):
     for d in shape[1:]:
         n *= d
     return n
+
+
+# Each rank's share of the host-aware allreduce starts on this many bytes,
+# as Horovod's hierarchical NCCL allreduce aligns it: NCCL's kernels move
+# aligned buffers in wider loads.
+SHARE_ALIGN = 64
+
+
+def _aligned_share(total, ranks, itemsize):
+    """Elements per rank when `total` elements are split among `ranks`:
+    at least an even split, rounded up to whole SHARE_ALIGN bytes (the
+    padding at the end is reduced with the rest and never read back)."""
+    step = max(1, SHARE_ALIGN // itemsize)
+    share = -(-total // ranks)
+    return -(-share // step) * step
 
 
 def _starts(counts):
@@ -636,7 +651,7 @@ class NCCLOps:
             phases = self._phases(stream)
             total = sum(e.tensor.size for e in entries)
             if total:
-                share = -(-total // local.size)  # the last rank's share is padded
+                share = _aligned_share(total, local.size, np.dtype(buf_dtype).itemsize)
                 buf = lane.buffer(cp, "reduce", share * local.size, buf_dtype)
                 self.kernels.pack(lane.tables, stream,
                                   [(e.tensor.data.ptr, e.tensor.size) for e in entries],

@@ -41,6 +41,11 @@ def _calls(kind):
     return [count for call, count in NCCL["fake"].calls if call == kind]
 
 
+def _share(count, itemsize, ranks=2):
+    step = 64 // itemsize
+    return -(-(-(-count // ranks)) // step) * step
+
+
 def case_the_layout_is_two_hosts_of_two(hvd):
     assert hvd.size() == 4 and hvd.local_size() == 2 and hvd.cross_size() == 2
 
@@ -65,8 +70,12 @@ def case_allreduce_runs_in_the_host_then_across_hosts(hvd):
     np.testing.assert_array_equal(top.get(), [n - 1, 0, 7])
     assert backend.two_level_calls - before == 18
     # Per call: one reduce-scatter and one allgather of a share in the host,
-    # one allreduce of that share across hosts; never a flat allreduce.
-    shares = [-(-c // 2) for c in (1, 2, 7, 1000)] * 4 + [3, 2]
+    # one allreduce of that share across hosts; never a flat allreduce. Each
+    # share is half the elements rounded up to whole 64 bytes of the fusion
+    # buffer's type (int16 is reduced as int32).
+    shares = [_share(c, size) for size in (4, 4, 4, 8) for c in (1, 2, 7, 1000)]
+    shares += [_share(5, 4), _share(3, 8)]
+    assert shares[:4] == [16, 16, 16, 512] and shares[12:16] == [8, 8, 8, 504]
     assert _calls("reduceScatter") == shares, _calls("reduceScatter")
     assert _calls("allGather") == shares
     assert _calls("allReduce") == shares
@@ -79,7 +88,7 @@ def case_fused_tensors_share_one_pass(hvd):
     outs = hvd.grouped_allreduce(parts, op=hvd.Sum, name="grouped")
     for k, out in enumerate(outs):
         np.testing.assert_array_equal(out.get(), np.full(k + 1, sum(r + k for r in range(n))))
-    assert _calls("reduceScatter") == [-(-15 // 2)]  # 1+2+3+4+5 elements, one pass
+    assert _calls("reduceScatter") == [16]  # 1+2+3+4+5 elements in one pass, 64-byte shares
 
 
 def case_other_process_sets_and_host_tensors_do_not_use_it(hvd):
