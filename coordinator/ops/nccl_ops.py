@@ -651,7 +651,7 @@ class NCCLOps:
             phases = self._phases(stream)
             total = sum(e.tensor.size for e in entries)
             if total:
-                share = _aligned_share(total, local.size, np.dtype(buf_dtype).itemsize)
+                share = _aligned_share(total, local.size, buf_dtype.itemsize)
                 buf = lane.buffer(cp, "reduce", share * local.size, buf_dtype)
                 self.kernels.pack(lane.tables, stream,
                                   [(e.tensor.data.ptr, e.tensor.size) for e in entries],

@@ -42,8 +42,11 @@ def _calls(kind):
 
 
 def _share(count, itemsize, ranks=2):
+    """A rank's share: its part of `count` elements, rounded up to whole
+    64 bytes of `itemsize`-byte elements."""
+    part = -(-count // ranks)
     step = 64 // itemsize
-    return -(-(-(-count // ranks)) // step) * step
+    return -(-part // step) * step
 
 
 def case_the_layout_is_two_hosts_of_two(hvd):
