@@ -14,8 +14,10 @@ The returned object is an instance of a subclass of the optimizer's class
 parameter groups, state and defaults.
 """
 
+import functools
 import os
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -78,7 +80,22 @@ class _HookedOptimizer:
             self._allreduce_delay.setdefault(p, self.backward_passes_per_step)
 
     def _hook(self, p):
-        p.register_post_accumulate_grad_hook(self._make_hook(p))
+        """Hooks p's gradient accumulation. The hook lives on the parameter
+        but holds this optimizer weakly, and goes with it: a model wrapped
+        again by a new DistributedOptimizer (after the old one is dropped)
+        is reduced once, by the new one (as Horovod's hooks, held only by its
+        optimizer, go with it)."""
+        if not hasattr(self, "_hook_handles"):
+            self._hook_handles = []
+            weakref.finalize(self, _remove_hooks, self._hook_handles)
+        owner = weakref.ref(self)
+
+        def hook(_):
+            opt = owner()
+            if opt is not None:
+                opt._on_gradient(p)
+
+        self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
         self._requires_update.add(p)
 
     def _count_pass(self, p):
@@ -233,26 +250,25 @@ class _DistributedOptimizer(_HookedOptimizer):
             self._handles.pop(p, None)
         self._group_counts[group] = 0
 
-    def _make_hook(self, p):
-        def hook(*_):
-            if not self._count_pass(p):
-                self._handles[p] = (None, None)
-                return
-            group = self._p_to_group.get(p) if self._groups is not None else None
-            if group is None:
-                self._handles[p] = self._allreduce_grad_async(p)
+    def _on_gradient(self, p):
+        """p's gradient has been accumulated."""
+        if not self._count_pass(p):
+            self._handles[p] = (None, None)
+            return
+        group = self._p_to_group.get(p) if self._groups is not None else None
+        if group is None:
+            self._handles[p] = self._allreduce_grad_async(p)
+        else:
+            self._group_counts[group] += 1
+            if self._group_counts[group] == len(group):
+                self._submit_group(group)
             else:
-                self._group_counts[group] += 1
-                if self._group_counts[group] == len(group):
-                    self._submit_group(group)
-                else:
-                    self._handles[p] = (None, None)
-            self._complete += 1
-            if self._complete == len(self._requires_update):
-                # The step's last gradient: nothing else is coming to fuse
-                # with, so the core need not hold any back.
-                _core_collectives.flush()
-        return hook
+                self._handles[p] = (None, None)
+        self._complete += 1
+        if self._complete == len(self._requires_update):
+            # The step's last gradient: nothing else is coming to fuse
+            # with, so the core need not hold any back.
+            _core_collectives.flush()
 
     def synchronize(self):
         """Waits for every gradient's reduction and writes the results into
@@ -367,11 +383,9 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
         handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=Adasum)
         return handle, ctx
 
-    def _make_hook(self, p):
-        def hook(*_):
-            ready = self._count_pass(p)
-            self._handles[p] = self._allreduce_grad_async(p) if ready else (None, None)
-        return hook
+    def _on_gradient(self, p):
+        ready = self._count_pass(p)
+        self._handles[p] = self._allreduce_grad_async(p) if ready else (None, None)
 
     def synchronize(self):
         pass
@@ -408,6 +422,12 @@ _DistributedAdasumOptimizer.step.hooked = True
 _classes = {}
 
 
+def _remove_hooks(handles):
+    for handle in handles:
+        handle.remove()
+    handles.clear()
+
+
 def _wrap(optimizer, mixin):
     """An object of class (mixin, optimizer's class) sharing optimizer's state."""
     base = optimizer.__class__
@@ -417,7 +437,45 @@ def _wrap(optimizer, mixin):
                                              {"__module__": base.__module__})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
+    _drop_shadowing_methods(wrapped, optimizer, mixin)
     return wrapped
+
+
+def _drop_shadowing_methods(wrapped, optimizer, mixin):
+    """Instance attributes of the optimizer that shadow a method of the
+    mixin (step, zero_grad, ...) are bound to the optimizer itself: copied,
+    they would bypass the reduction (wrapped.step() running the plain step,
+    each rank applying its own gradient). torch's LR schedulers install one
+    such `step` on the optimizer they are given, to note that it was called;
+    a scheduler made before wrapping gets its note from the wrapper's step."""
+    for name in [n for n in vars(wrapped) if callable(getattr(mixin, n, None))]:
+        attribute = vars(wrapped).pop(name)
+        if name == "step" and getattr(attribute, "_wrapped_by_lr_sched", False):
+            wrapped.step = _noting_step(wrapped, optimizer)
+        else:
+            warnings.warn(f"DistributedOptimizer: the optimizer's own attribute {name!r} "
+                          f"replaces the method of its class; the distributed optimizer uses "
+                          f"its own {name}() instead.")
+
+
+def _noting_step(wrapped, optimizer):
+    """The wrapper's step, noting for torch's LR schedulers that it ran,
+    as the step they installed on `optimizer` did (a scheduler made on the
+    optimizer before it was wrapped looks at `optimizer`; one made after,
+    at the wrapper). Holds both weakly."""
+    refs = (weakref.ref(wrapped), weakref.ref(optimizer))
+    step = type(wrapped).step
+
+    @functools.wraps(step)
+    def noting_step(*args, **kwargs):
+        for ref in refs:
+            opt = ref()
+            if opt is not None:
+                opt._opt_called = True
+        return step(refs[0](), *args, **kwargs)
+
+    noting_step._wrapped_by_lr_sched = True
+    return noting_step
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,

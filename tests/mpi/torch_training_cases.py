@@ -99,6 +99,70 @@ def case_distributed_optimizer_equals_single_process_on_the_global_batch(_core):
     assert_same_params(model, reference_training(sgd, 3))
 
 
+def case_an_lr_scheduler_made_before_wrapping_neither_skips_the_reduction_nor_warns(_core):
+    # torch's LRScheduler installs an instance attribute `step` on the
+    # optimizer it is given, bound to that optimizer: carried over to the
+    # wrapper, it ran the plain step, each rank applying its own gradient.
+    import warnings
+
+    def sgd_with_schedule(params):
+        opt = sgd(params)
+        return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+    model = make_net()
+    plain, schedule = sgd_with_schedule(model.parameters())
+    opt = hvd.DistributedOptimizer(plain, named_parameters=model.named_parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not "lr_scheduler.step() before optimizer.step()"
+        for step in range(4):
+            opt.zero_grad()
+            x, y = batch(hvd.rank(), step)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            schedule.step()
+    ref = make_net()
+    ref_opt, ref_schedule = sgd_with_schedule(ref.parameters())
+    for step in range(4):
+        ref_opt.zero_grad()
+        x, y = global_batch(step)
+        F.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        ref_schedule.step()
+    assert_same_params(model, ref)
+    assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"] == 0.025
+
+
+def case_a_model_wrapped_again_after_its_optimizer_is_dropped_is_reduced_once(_core):
+    # The first optimizer's gradient hooks went on firing after it was
+    # dropped: the second optimizer's first backward then submitted every
+    # gradient twice under one name ("already in flight").
+    import gc
+
+    model = make_net()
+    first = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                     named_parameters=model.named_parameters())
+    first.zero_grad()
+    x, y = batch(hvd.rank(), 0)
+    F.cross_entropy(model(x), y).backward()
+    first.step()
+    del first
+    gc.collect()
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    ref = reference_training(sgd, 1)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    for step in range(1, 3):
+        opt.zero_grad()
+        x, y = batch(hvd.rank(), step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        x, y = global_batch(step)
+        F.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+    assert_same_params(model, ref)
+
+
 def case_a_channels_last_model_trains_as_on_the_global_batch(_core):
     """Its conv weight and gradient are not contiguous (Horovod refuses them,
     horovod/horovod#3491): broadcast_parameters and the optimizer reduce
