@@ -745,6 +745,21 @@ def case_multi_node_batch_normalization_equals_full_batch(hvd):
             (x_all[part] - mnbn.avg_mean) / np.sqrt(mnbn.avg_var + 2e-5), rtol=1e-8)
 
 
+def case_a_link_only_rank_0_built_does_not_stall_the_others_normalizing(hvd):
+    # The links' allreduces were named after how many links the process had
+    # made, so a spare one on rank 0 (a model kept for export) left rank 0's
+    # training link named .1 and the others' .0: a stall, then DeadlockError.
+    # ChainerMN matches them by MPI's call order.
+    n, me, m, c = COMM.size, COMM.rank, 3, 2
+    if me == 0:
+        chainermn.MultiNodeBatchNormalization(c, COMM, dtype=np.float64)  # never called
+    mnbn = chainermn.MultiNodeBatchNormalization(c, COMM, dtype=np.float64)
+    x_all = np.random.RandomState(91).standard_normal((n * m, c))
+    y = mnbn(x_all[me * m:(me + 1) * m])
+    expected = (x_all - x_all.mean(axis=0)) / np.sqrt(x_all.var(axis=0) + 2e-5)
+    np.testing.assert_allclose(y.array, expected[me * m:(me + 1) * m], rtol=1e-8)
+
+
 def case_allreduce_persistent_averages_float_persistents(hvd):
     bn = L.BatchNormalization(2)
     bn.avg_mean[...] = COMM.rank

@@ -292,6 +292,17 @@ def case_early_stopping_with_no_observation_anywhere_goes_on_on_every_rank(hvd):
         assert run_trigger(trigger, [None] * 6, key="main/loss") == [False] * 6
 
 
+def case_a_trigger_only_rank_0_made_does_not_stall_the_others_checking(hvd):
+    # Named after how many triggers the process had made, a spare trigger on
+    # rank 0 left its working one named differently from the others': a
+    # stall, then DeadlockError. ChainerMN matches them by call order.
+    if COMM.rank == 0:
+        MultiNodeEarlyStoppingTrigger(COMM, monitor="main/accuracy")  # never called
+    trigger = MultiNodeEarlyStoppingTrigger(COMM, monitor="main/accuracy", patience=3,
+                                            check_trigger=(1, "epoch"))
+    assert run_trigger(trigger, ACCURACIES) == EXPECTED
+
+
 def case_early_stopping_keeps_chainermn_arguments(hvd):
     trigger = MultiNodeEarlyStoppingTrigger(COMM, patients=4, max_trigger=(7, "epoch"),
                                             suffix="_mean")

@@ -17,8 +17,6 @@ warns and goes on), where ChainerMN's rank 0 divided by zero and the other
 ranks waited for its answer.
 """
 
-import itertools
-
 import numpy as np
 
 import chainer
@@ -26,9 +24,6 @@ from chainer.training import util
 from chainer.training.triggers import EarlyStoppingTrigger
 import coordinator as hvd
 from coordinator import gpu
-
-_instances = itertools.count()
-
 
 def _scalar(value):
     if isinstance(value, chainer.Variable):
@@ -47,8 +42,10 @@ class _MeanOverRanks:
         self.key = key
         self.aggregated_key = aggregated_key
         self.comm_trigger = util.get_trigger(comm_trigger)
-        # Every rank creates its triggers in the same order.
-        self.name = f"{comm._prefix}.early_stopping.{next(_instances)}.{key}"
+        # Named by the key, not by how many triggers this process made (a
+        # rank may make one the others do not): the allgather is blocking,
+        # so triggers on one key share the name in turn.
+        self.name = f"{comm._prefix}.early_stopping.{key}"
         self._sum_count = np.zeros(2, np.float64)
 
     def __call__(self, trainer):

@@ -14,7 +14,6 @@ ranks of the per-rank sums.
 """
 
 import copy
-import itertools
 
 import numpy as np
 
@@ -23,9 +22,6 @@ from chainer import initializers, link, variable
 from chainer.functions.normalization import batch_normalization as bn
 from frontends.chainer.functions.batch_normalization import (
     MultiNodeBNImplSelector, get_communication_backend)
-
-_instances = itertools.count()
-
 
 class MultiNodeBatchNormalization(link.Link):
     """Batch normalization whose batch statistics span every rank of `comm`.
@@ -41,8 +37,11 @@ class MultiNodeBatchNormalization(link.Link):
         self._communication_backend = get_communication_backend(comm, communication_backend)
         self._highprec_dtype = chainer.get_dtype(dtype, map_mixed16=np.float32)
         self.comm = comm
-        # All ranks build their models in the same order, so this name agrees.
-        self._name = f"{comm._prefix}.mnbn.{next(_instances)}"
+        # Named by what every rank agrees on, not by how many links this
+        # process made (a rank may build a model the others do not): the
+        # allreduces are blocking, so links of one size share a name in
+        # turn, as ChainerMN's share MPI's call order.
+        self._name = f"{comm._prefix}.mnbn.{size}.{np.dtype(self._highprec_dtype).name}"
         self.avg_mean = np.zeros(size, dtype=self._highprec_dtype)
         self.register_persistent("avg_mean")
         self.avg_var = np.zeros(size, dtype=self._highprec_dtype)
