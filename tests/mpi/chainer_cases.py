@@ -179,6 +179,19 @@ def case_alltoall_arrays_of_different_shapes(hvd):
     expect_raises(ValueError, COMM.alltoall, tuple(part(me, 0) for _ in range(n + 1)))
 
 
+def case_alltoall_of_an_array_sends_its_rows(hvd):
+    # ChainerMN takes any sequence of `size` arrays, an array's rows included.
+    n, me = COMM.size, COMM.rank
+    rows = np.arange(n * 3, dtype=np.float64).reshape(n, 3) + 100 * me
+    out = COMM.alltoall(rows)
+    assert len(out) == n
+    for i in range(n):
+        assert_equal(out[i], np.arange(3, dtype=np.float64) + 3 * me + 100 * i,
+                     f"alltoall row from {i}")
+    expect_raises(ValueError, COMM.alltoall, np.zeros((n + 1, 2)))
+    expect_raises(ValueError, COMM.alltoall, np.zeros(()))
+
+
 # ---------------------------------------------------------- point to point
 def case_send_recv_around_a_ring(hvd):
     n, me = COMM.size, COMM.rank
@@ -197,6 +210,21 @@ def case_send_recv_around_a_ring(hvd):
     assert isinstance(got_pair, tuple) and len(got_pair) == 2
     assert_equal(got_pair[0], data(left, (2,), np.int32, seed=7), "send tuple[0]")
     assert_equal(got_pair[1], data(left, (1, 5), np.float64, seed=8), "send tuple[1]")
+
+
+def case_recv_with_a_wildcard_says_so_at_once(hvd):
+    # Arrays pair by (source, tag) in the coordinator: MPI.ANY_TAG used to
+    # wait for a message named "tag-1" until DeadlockError, MPI.ANY_SOURCE
+    # said "rank -1 is not a rank".
+    from mpi4py import MPI
+
+    peer = (COMM.rank + 1) % COMM.size
+    for source, tag, wildcard in [(peer, MPI.ANY_TAG, "ANY_TAG"),
+                                  (MPI.ANY_SOURCE, 5, "ANY_SOURCE")]:
+        exc = expect_raises(ValueError, COMM.recv, source, tag)
+        assert f"MPI.{wildcard} is not supported" in str(exc) and "recv_obj" in str(exc), exc
+    exc = expect_raises(ValueError, COMM.send, np.zeros(2), peer, -3)
+    assert "tag -3" in str(exc), exc
 
 
 def case_send_obj_recv_obj_with_tags(hvd):

@@ -56,6 +56,10 @@ def _is_sequence(x):
     return isinstance(x, (tuple, list))
 
 
+def _is_array(x):
+    return isinstance(x, np.ndarray) or gpu.is_device_array(x)
+
+
 def _array(x, what, reducible=False):
     """x as a NumPy or CuPy array the core can move, or TypeError (ChainerMN's
     error)."""
@@ -467,7 +471,8 @@ class CoordinatorCommunicator(CommunicatorBase):
     def alltoall(self, xs):
         what = "alltoall"
         self._check_open(what)
-        if not _is_sequence(xs) or len(xs) != self.size:
+        rows = _is_sequence(xs) or _is_array(xs) and xs.ndim > 0  # an array: its rows
+        if not rows or len(xs) != self.size:
             raise ValueError("The length of data must be same as communicator size.")
         parts = [_array(x, what) for x in xs]
         _check_same_dtype(what, [(p.shape, p.dtype) for p in parts])
@@ -488,6 +493,10 @@ class CoordinatorCommunicator(CommunicatorBase):
 
     # ------------------------------------------------------ point to point
     def _check_peer(self, what, peer):
+        if what == "recv" and peer == MPI.ANY_SOURCE:
+            raise ValueError(f"{what}: MPI.ANY_SOURCE is not supported for arrays, which pair "
+                             "by (source, tag) in the coordinator; name the source, or use "
+                             "recv_obj, which takes wildcards")
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
             raise ValueError(f"{what}: rank {peer!r} is not a rank of this communicator "
                              f"(size {self.size})")
@@ -495,6 +504,15 @@ class CoordinatorCommunicator(CommunicatorBase):
             raise ValueError(f"{what}: rank {peer} is this process; a rank cannot send "
                              "to itself (it would wait for itself)")
         return int(peer)
+
+    @staticmethod
+    def _check_tag(what, tag):
+        if tag == MPI.ANY_TAG:
+            raise ValueError(f"{what}: MPI.ANY_TAG is not supported for arrays, which pair by "
+                             "(source, tag) in the coordinator; name the tag, or use "
+                             "recv_obj, which takes wildcards")
+        if not isinstance(tag, (int, np.integer)) or tag < 0:
+            raise ValueError(f"{what}: tag {tag!r} is not a non-negative integer")
 
     def _p2p_name(self, tag):
         """The name of this communicator's messages with `tag` (the core
@@ -513,6 +531,7 @@ class CoordinatorCommunicator(CommunicatorBase):
         what = "send"
         self._check_open(what)
         dest = self._check_peer(what, dest)
+        self._check_tag(what, tag)
         is_tuple = _is_sequence(data)
         arrays = [_array(x, what) for x in data] if is_tuple else [_array(data, what)]
         if not arrays:
@@ -532,6 +551,7 @@ class CoordinatorCommunicator(CommunicatorBase):
         what = "recv"
         self._check_open(what)
         source = self._check_peer(what, source)
+        self._check_tag(what, tag)
         base = self._p2p_name(tag)
         peer, ps = self._global[source], self._ps
         # Every message holds at least one array: ask for it with the header.
