@@ -434,6 +434,28 @@ def case_gpu_communicator_names_explain_that_gpus_are_needed(hvd):
                   allreduce_grad_dtype=np.float16)
 
 
+def case_a_communicator_over_an_mpi4py_sub_communicator_beside_the_whole_jobs(hvd):
+    # A hybrid program's pattern: every rank splits COMM_WORLD and wraps its
+    # part (ChainerMN wraps any mpi_comm). It was refused ("mpi_comm holds
+    # coordinator ranks ..."): the core's process set is now registered by
+    # every rank at once, each naming its own group.
+    world = MPI.COMM_WORLD
+    sub = world.Split(world.rank % 2, world.rank)
+    try:
+        comm = chainermn.create_communicator("naive", mpi_comm=sub)
+        members = [r for r in range(world.size) if r % 2 == world.rank % 2]
+        assert (comm.rank, comm.size) == (members.index(world.rank), len(members))
+        assert_equal(comm.allreduce(np.array([world.rank], np.int64)),
+                     np.array([sum(members)], np.int64))
+        assert comm.allgather(np.array([world.rank]))[-1][0] == members[-1]
+        assert comm.bcast_obj(world.rank) == members[0]
+        again = chainermn.create_communicator("naive", mpi_comm=sub)  # the same set again
+        assert again.allreduce(np.ones(1))[0] == len(members)
+        assert COMM.allreduce(np.ones(1))[0] == world.size  # the whole job's still works
+    finally:
+        sub.Free()
+
+
 def case_finalized_communicator_refuses_work(hvd):
     comm = chainermn.create_communicator("naive", mpi_comm=MPI.COMM_WORLD, batched_copy=False)
     assert comm.get_config("batched_copy") is False

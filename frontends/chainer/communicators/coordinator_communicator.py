@@ -181,20 +181,36 @@ class CoordinatorCommunicator(CommunicatorBase):
         self._grad_dtype = None  # pure_nccl's allreduce_grad_dtype
         self._global = self.mpi_comm.allgather(hvd.rank())
         if _process_set is None:
-            if sorted(self._global) != list(range(hvd.size())):
+            try:
+                _process_set = self._process_set_of_mpi_comm()
+            except Exception:
                 self.mpi_comm.Free()
-                raise ValueError(
-                    f"create_communicator: mpi_comm holds coordinator ranks {sorted(self._global)} "
-                    f"of {hvd.size()}; a communicator over part of the job is made with "
-                    "comm.split() on one over the whole job (every rank of the coordinator "
-                    "must take part in registering its process set)")
-            _process_set = hvd.global_process_set
+                raise
         self._ps = _process_set
         self._set_ranks = sorted(self._global)
         self._set_index = [self._set_ranks.index(g) for g in self._global]
         self._prefix = _prefix if _prefix is not None else f"chainermn.{next(_serials)}"
         self._counter = itertools.count()
         self._init_topology()
+
+    def _process_set_of_mpi_comm(self):
+        """The coordinator process set over this communicator's ranks. One
+        over part of the job (an mpi4py sub-communicator, as in a hybrid
+        model- and data-parallel program) is registered collectively: every
+        rank of the coordinator creates its own at the same time, as after
+        `MPI.COMM_WORLD.Split`; the groups are gathered and each is added."""
+        if len(set(self._global)) != len(self._global):
+            raise ValueError(
+                f"create_communicator: mpi_comm holds processes of {self.mpi_comm.size} that "
+                f"are not all in this process's coordinator job (of {hvd.size()}: the "
+                "processes of the first communicator created, or of init()); create the "
+                "communicator over the whole job first, then the others from it (comm.split()) "
+                "or from sub-communicators of it")
+        if sorted(self._global) == list(range(hvd.size())):
+            return hvd.global_process_set
+        process_set = hvd.ProcessSet(self.mpi_comm)  # (a list must agree on every rank)
+        basics.ensure_initialized(process_sets=[process_set])
+        return process_set
 
     # ------------------------------------------------------------ topology
     def _init_topology(self):
