@@ -19,6 +19,8 @@ BroadcastGlobalVariablesHook, DistributedOptimizer of a
 tf.compat.v1.train.Optimizer).
 """
 
+import warnings
+
 import tensorflow as tf
 
 from coordinator import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -80,12 +82,18 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     import keras
 
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise NotImplementedError(
-            f"DistributedOptimizer wraps Keras 3 optimizers and tf.compat.v1.train.Optimizer; "
-            f"{type(optimizer).__name__} is neither. For a custom training loop use "
-            "hvd.DistributedGradientTape.")
+        raise ValueError(
+            "Provided optimizer doesn't inherit from either legacy TensorFlow or Keras "
+            f"optimizer: {optimizer!r} ({type(optimizer).__name__}; DistributedOptimizer wraps "
+            "Keras 3 optimizers and tf.compat.v1.train.Optimizer). For a custom training loop "
+            "use hvd.DistributedGradientTape.")
     if op == Adasum:
         raise ValueError("op == Adasum is not supported yet with Keras")
+    if op != Average:
+        warnings.warn(
+            "hvd.DistributedOptimizer of a Keras optimizer with op other than Average: Horovod "
+            "0.28.1 does not pass op on to its Keras optimizer here, and averages; this one "
+            "reduces with the op given", stacklevel=2)
     from frontends.tensorflow.keras.optimizer import DistributedOptimizer as _keras_optimizer
 
     return _keras_optimizer(optimizer, name=name, compression=compression,

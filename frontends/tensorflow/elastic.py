@@ -148,15 +148,24 @@ class TensorFlowKerasState(ObjectState):
 
 
 class TensorFlowState(ObjectState):
-    """State of a list of tf.Variables (eager TensorFlow 2); `session` is
-    accepted for compatibility (TF1)."""
+    """State of a list of tf.Variables: eager TensorFlow 2's, or a TF1
+    graph's, read and written through `session`.
+
+    As Horovod's, `variables` defaults to the graph's global variables
+    (none when executing eagerly, where the state holds only its keyword
+    attributes) and `session` to the default session."""
 
     def __init__(self, variables=None, session=None, **kwargs):
-        if variables is None:
-            raise ValueError("TensorFlowState needs its variables: TensorFlow 2 has no "
-                             "global variable collection")
-        self.variables = list(variables)
-        self.session = session
+        self.variables = list(variables or tf.compat.v1.global_variables())
+        self._eager = tf.executing_eagerly()
+        self.session = session or (None if self._eager else tf.compat.v1.get_default_session())
+        if not self._eager and self.variables and self.session is None:
+            raise ValueError("TensorFlowState of a TF1 graph's variables needs its session: "
+                             "pass session=, or make the state inside `with session.as_default()`")
+        # A graph's broadcast is one op, made once: made again at every sync
+        # it would grow the graph.
+        self._bcast_op = (None if self._eager or not self.variables
+                          else broadcast_variables(self.variables, root_rank=0))
         self._save_model()
         super().__init__(bcast_object=broadcast_object, get_rank=rank, **kwargs)
 
@@ -169,12 +178,22 @@ class TensorFlowState(ObjectState):
         super().restore()
 
     def sync(self):
-        broadcast_variables(self.variables, root_rank=0)
+        if self._bcast_op is not None:
+            self.session.run(self._bcast_op)
+        elif self.variables:
+            broadcast_variables(self.variables, root_rank=0)
         self._save_model()
         super().sync()
 
     def _save_model(self):
-        self._values = _host_copy(self.variables)
+        if self._eager:
+            self._values = _host_copy(self.variables)
+        else:
+            self._values = self.session.run(self.variables) if self.variables else []
 
     def _load_model(self):
-        _assign(self.variables, self._values)
+        if self._eager:
+            _assign(self.variables, self._values)
+        else:
+            for var, value in zip(self.variables, self._values):
+                var.load(value, self.session)

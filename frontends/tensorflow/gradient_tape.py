@@ -26,8 +26,10 @@ class _DistributedTape:
         """Marks `source` as local to this rank: its gradient is not reduced."""
         self._hvd_local_sources.add(gradients.source_key(source))
 
-    def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE, use_generic_names=False):
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        # (Horovod's order: use_generic_names is the fourth; tf.GradientTape's
+        # unconnected_gradients, which Horovod's tape lacks, comes after it.)
         grads = super().gradient(target, sources, output_gradients=output_gradients,
                                  unconnected_gradients=unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)

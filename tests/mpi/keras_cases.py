@@ -309,7 +309,27 @@ def case_optimizer_keeps_the_wrapped_class_and_config(core):
     legacy = hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
     assert isinstance(legacy, tf.compat.v1.train.Optimizer)
     assert not isinstance(legacy, _DistributedOptimizer)
-    expect_raises(NotImplementedError, hvd_tf.DistributedOptimizer, object())
+    expect_raises(ValueError, hvd_tf.DistributedOptimizer, object())  # Horovod's type
+    # Horovod's Keras optimizer takes a predivide factor with Sum (a sum has
+    # no division to split); the TF-level one refuses it, as Horovod's.
+    hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd_tf.Sum, gradient_predivide_factor=2.0)
+    expect_raises(ValueError, hvd_tf.DistributedOptimizer, keras.optimizers.SGD(),
+                  op=hvd_tf.Sum, gradient_predivide_factor=2.0)
+
+
+def case_tf_level_optimizer_of_a_keras_optimizer_reduces_with_its_op_and_says_horovod_would_not(
+        core):
+    import warnings
+
+    n, r = hvd.size(), hvd.rank()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = hvd_tf.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hvd_tf.Sum)
+    assert any("averages" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    v = tf.Variable([0.0])
+    opt.apply([tf.constant([r + 1.0])], [v])
+    total = n * (n + 1) / 2
+    np.testing.assert_allclose(v.numpy(), [-total])  # summed, as asked
 
 
 def case_jit_compiled_train_step_raises_a_clear_error(core):

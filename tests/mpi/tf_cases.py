@@ -441,6 +441,19 @@ def case_gradient_tape_groups_predivide_sum_and_fp16(core):
     expect_raises(ValueError, hvd.DistributedGradientTape, tf.GradientTape(), op=hvd.Sum,
                   gradient_predivide_factor=2.0)
     expect_raises(ValueError, hvd.DistributedGradientTape, tf.GradientTape(), groups=-1)
+    # Horovod's positional order: (target, sources, output_gradients,
+    # use_generic_names); tf.GradientTape's unconnected_gradients stood fourth.
+    with tf.GradientTape() as tape:
+        loss = sum(tf.reduce_sum(v * (r + 1.0) * (i + 1)) for i, v in enumerate(variables))
+    grads = hvd.DistributedGradientTape(tape).gradient(loss, variables, None, True)
+    for g, e in zip(grads, expected):
+        np.testing.assert_allclose(g.numpy(), e, rtol=1e-6)
+    unused = tf.Variable(np.ones(2, np.float32))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(variables[0])
+    grads = hvd.DistributedGradientTape(tape).gradient(
+        loss, [variables[0], unused], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    np.testing.assert_allclose(grads[1].numpy(), np.zeros(2, np.float32))
 
 
 def case_sync_batch_norm_matches_full_batch(core):

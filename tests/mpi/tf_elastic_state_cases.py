@@ -44,7 +44,52 @@ def case_tensorflow_state_syncs_from_rank_0_and_restores_its_commit(core):
     assert_equal(a.numpy(), np.full((2, 3), 2.0, np.float32), "a after restore")
     assert_equal(b.numpy(), np.full((4,), 11.0, np.float32), "b after restore")
     assert state.epoch == 1
-    expect_raises(ValueError, hvd.elastic.TensorFlowState)  # TF2 has no global collection
+
+
+def case_tensorflow_state_without_variables_holds_its_attributes_as_horovods(core):
+    # Horovod's defaults to tf.compat.v1.global_variables(): none when
+    # executing eagerly, so the state holds only its keyword attributes.
+    # It raised ValueError here.
+    state = hvd.elastic.TensorFlowState(epoch=hvd.rank(), batch=5)
+    assert state.variables == []
+    state.sync()
+    assert (state.epoch, state.batch) == (0, 5)
+    state.epoch = 3
+    state.save()
+    state.epoch = 9
+    state.restore()
+    assert state.epoch == 3
+
+
+def case_tensorflow_state_of_a_tf1_graph_reads_and_writes_through_its_session(core):
+    # A TF1 program's state: the graph's global variables, through the
+    # session (Horovod's evaluates them in it and loads them back).
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.get_variable("v", initializer=_rank_values((3,)))
+        w = tf.compat.v1.get_variable("w", initializer=_rank_values((2,), 10.0))
+        session = tf.compat.v1.Session(graph=graph)
+        session.run(tf.compat.v1.global_variables_initializer())
+        with session.as_default():
+            state = hvd.elastic.TensorFlowState(epoch=hvd.rank())
+        assert state.variables == [v, w] and state.session is session
+        ops_before = len(graph.get_operations())
+        state.sync()
+        assert_equal(session.run(v), np.full(3, 1.0, np.float32), "v after sync")
+        assert_equal(session.run(w), np.full(2, 11.0, np.float32), "w after sync")
+        assert state.epoch == 0
+        v.load(np.full(3, 5.0, np.float32), session)
+        state.save()
+        v.load(np.zeros(3, np.float32), session)
+        w.load(np.zeros(2, np.float32), session)
+        state.restore()
+        assert_equal(session.run(v), np.full(3, 5.0, np.float32), "v after restore")
+        assert_equal(session.run(w), np.full(2, 11.0, np.float32), "w after restore")
+        state.sync()
+        assert len(graph.get_operations()) == ops_before, "sync grew the graph"
+        # Outside a default session, a graph's variables need one named.
+        expect_raises(ValueError, hvd.elastic.TensorFlowState)
+        session.close()
 
 
 def _model():

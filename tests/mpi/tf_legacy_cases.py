@@ -518,7 +518,7 @@ def case_optimizer_argument_errors(core):
     exc = expect_raises(NotImplementedError, hvd.DistributedOptimizer, sgd(), op=hvd.Adasum,
                         process_set=hvd.ProcessSet([0]))
     assert "process sets" in str(exc), str(exc)
-    expect_raises(NotImplementedError, hvd.DistributedOptimizer, object())
+    expect_raises(ValueError, hvd.DistributedOptimizer, object())  # Horovod's type
     with tf.Graph().as_default():
         w = tf.Variable(1.0)
         opt = hvd.DistributedOptimizer(sgd(), backward_passes_per_step=2)

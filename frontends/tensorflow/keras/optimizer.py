@@ -144,9 +144,11 @@ def _settings(cls, name, compression, sparse_as_dense, gradient_predivide_factor
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be > 0")
     groups = gradients.check_groups(groups, num_groups)
+    # As Horovod's Keras optimizer: the factor splits Average's division, and
+    # a Sum has none to split, so it is left out there rather than refused.
+    predivide = gradient_predivide_factor if op == Average else 1.0
     reducer = gradients.GradientReducer(name or f"Distributed{cls.__name__}", compression,
-                                        sparse_as_dense, op, gradient_predivide_factor,
-                                        groups, process_set)
+                                        sparse_as_dense, op, predivide, groups, process_set)
     return _Settings(reducer, backward_passes_per_step, average_aggregated_gradients,
                      sparse_as_dense, scale_local_gradients)
 
