@@ -354,6 +354,7 @@ def case_communicator_classes_and_module_paths_are_chainermns(hvd):
     assert isinstance(COMM, chainermn.CommunicatorBase)
     direct = comms.naive_communicator.NaiveCommunicator(mpi_comm=MPI.COMM_WORLD)  # as its tests
     assert direct.name == "naive"
+    assert direct.get_config("batched_copy") is False  # ChainerMN's, made directly
     assert_equal(direct.allreduce(np.ones(2)), np.full(2, float(direct.size)))
     half = direct.split(direct.rank % 2, direct.rank)
     assert isinstance(half, comms.naive_communicator.NaiveCommunicator)

@@ -177,7 +177,7 @@ class CoordinatorCommunicator(CommunicatorBase):
         self.name = name
         self.mpi_comm = mpi_comm.Dup()
         self._finalized = False
-        self._batched_copy = True
+        self._batched_copy = False  # ChainerMN's, made directly; create_communicator's is True
         self._grad_dtype = None  # pure_nccl's allreduce_grad_dtype
         self._global = self.mpi_comm.allgather(hvd.rank())
         if _process_set is None:
