@@ -85,7 +85,9 @@ class _HookedOptimizer:
         again by a new DistributedOptimizer (after the old one is dropped)
         is reduced once, by the new one (as Horovod's hooks, held only by its
         optimizer, go with it)."""
-        if not hasattr(self, "_hook_handles"):
+        if self.__dict__.get("_hooks_of") != id(self):
+            # (not a list inherited with a wrapped DistributedOptimizer's __dict__)
+            self._hooks_of = id(self)
             self._hook_handles = []
             weakref.finalize(self, _remove_hooks, self._hook_handles)
         owner = weakref.ref(self)
