@@ -5,6 +5,7 @@ import os
 
 from coordinator import collectives, runtime
 from coordinator.errors import NotInitializedError
+from coordinator.ops_names import ADD_PROCESS_SET_NAME, REMOVE_PROCESS_SET_NAME
 from coordinator.process_sets import ProcessSet, global_process_set
 from coordinator.tensor_queue import Entry
 from coordinator.wire import pb
@@ -151,16 +152,27 @@ def add_process_set(process_set):
 
 
 def _add_process_set(rt, process_set):
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.process_set_id is not None:
-        raise ValueError(f"add_process_set: {ps!r} is already registered")
-    ranks = rt.ranks_of(ps)
-    if rt.process_sets.id_of(ranks) is not None:
-        raise ValueError(f"add_process_set: a process set with ranks {ranks} already exists")
-    bad = [r for r in ranks if not 0 <= r < rt.size]
-    if bad or not ranks:
-        raise ValueError(f"add_process_set: ranks {ranks} are not valid for {rt.size} ranks")
-    name = f"process_set.add.{','.join(map(str, ranks))}"
+    # One name for every add (each is blocking, and every rank adds in the
+    # same order): ranks that ask for different sets meet, and rank 0 says
+    # which asked for what; input one rank refuses goes to the others as its
+    # refusal. Named by its ranks, as it was, one rank's bad or different
+    # list left the others waiting until DeadlockError.
+    name = ADD_PROCESS_SET_NAME
+    try:
+        ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+        if ps.process_set_id is not None:
+            raise ValueError(f"add_process_set: {ps!r} is already registered")
+        ranks = rt.ranks_of(ps)
+        if rt.process_sets.id_of(ranks) is not None:
+            raise ValueError(f"add_process_set: a process set with ranks {ranks} already "
+                             "exists")
+        bad = [r for r in ranks if not 0 <= r < rt.size]
+        if bad or not ranks:
+            raise ValueError(f"add_process_set: ranks {ranks} are not valid for {rt.size} "
+                             "ranks")
+    except (ValueError, TypeError) as exc:
+        collectives._tell_refusal(rt, name, pb.ADD_PROCESS_SET, 0, None, exc)
+        raise
     rt.expect_process_set(name, ps)
     entry = Entry(name, pb.ADD_PROCESS_SET, ranks=tuple(ranks))
     return collectives.synchronize(collectives._submit(rt, [entry]))
@@ -171,12 +183,21 @@ def remove_process_set(process_set):
     False for an unregistered set or the global set."""
     rt = _rt("remove_process_set")
     pid = process_set.process_set_id
+    dynamic = getattr(rt, "dynamic_process_sets", False)
     if pid is None or pid == 0 or process_set is global_process_set:
+        if dynamic:
+            # Nothing to remove here; but the others may be removing a set
+            # (one name for every remove, as for add): they hear that this
+            # rank removes none, and fail, where they waited until
+            # DeadlockError.
+            why = "the global process set" if pid == 0 else "an unregistered process set"
+            collectives._tell_refusal(rt, REMOVE_PROCESS_SET_NAME, pb.REMOVE_PROCESS_SET, 0,
+                                      None, ValueError(f"remove_process_set: given {why}"))
         return False
-    if not getattr(rt, "dynamic_process_sets", False):
+    if not dynamic:
         raise ValueError("remove_process_set: dynamic process sets are off; set "
                          "HOROVOD_DYNAMIC_PROCESS_SETS=1 or call init(process_sets='dynamic')")
-    entry = Entry(f"process_set.remove.{pid}", pb.REMOVE_PROCESS_SET, process_set_id=pid)
+    entry = Entry(REMOVE_PROCESS_SET_NAME, pb.REMOVE_PROCESS_SET, process_set_id=pid)
     return bool(collectives.synchronize(collectives._submit(rt, [entry])))
 
 

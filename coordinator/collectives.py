@@ -29,7 +29,7 @@ import numpy as np
 
 from coordinator import dtypes, gpu, runtime, tensor_queue
 from coordinator.errors import NotInitializedError
-from coordinator.ops_names import CPU_DEVICE
+from coordinator.ops_names import CPU_DEVICE, INTERNAL_PREFIX, JOIN_NAME, barrier_name
 from coordinator.process_sets import ProcessSet, global_process_set
 from coordinator.tensor_queue import Entry
 from coordinator.wire import pb
@@ -73,6 +73,9 @@ def _name(prefix, name):
         return f"{prefix}.noname.{next(_names['counter'])}"
     if not isinstance(name, str) or not name:
         raise ValueError(f"{prefix}: name must be a non-empty string, got {name!r}")
+    if name.startswith(INTERNAL_PREFIX):
+        raise ValueError(f"{prefix}: name {name!r}: names starting with {INTERNAL_PREFIX!r} are "
+                         "the coordinator's own operations'")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -90,7 +93,7 @@ class _refusal:
 
     __slots__ = ("rt", "name", "op", "ps", "group_size")
 
-    def __init__(self, rt, name, op, ps, group_size=0):
+    def __init__(self, rt, name, op, ps, group_size=None):
         self.rt, self.name, self.op, self.ps, self.group_size = rt, name, op, ps, group_size
 
     def __enter__(self):
@@ -98,15 +101,18 @@ class _refusal:
 
     def __exit__(self, kind, exc, tb):
         if kind is not None and issubclass(kind, (ValueError, TypeError)):
-            _tell_refusal(self.rt, self.name, self.op, self.ps, self.group_size, exc)
+            _tell_refusal(self.rt, self.name, self.op, self.ps.process_set_id, self.group_size,
+                          exc)
         return False  # the error goes on to the caller
 
 
-def _tell_refusal(rt, name, op, ps, group_size, error):
+def _tell_refusal(rt, name, op, process_set_id, group_size, error):
     """Tells the coordinator that this rank refuses operation `op` named
-    `name` (a group's base name, with its size) for `error`."""
-    rt.queue.tell(Entry(name, op, process_set_id=ps.process_set_id,
-                        group=name if group_size else "", group_size=group_size,
+    `name` in the set `process_set_id` for `error`: a group's, by its base
+    name, when `group_size` is not None (0 for an empty group)."""
+    grouped = group_size is not None
+    rt.queue.tell(Entry(name, op, process_set_id=process_set_id,
+                        group=name if grouped else "", group_size=group_size or 0,
                         rejected=f"{type(error).__name__}: {error}"))
 
 
@@ -135,7 +141,7 @@ def refuse(kind, name, error, process_set=global_process_set, group_size=0):
         ps = _process_set(process_set, rt, kind)
     except ValueError:
         return
-    _tell_refusal(rt, name, _REFUSABLE[kind], ps, group_size, error)
+    _tell_refusal(rt, name, _REFUSABLE[kind], ps.process_set_id, group_size or None, error)
 
 
 @contextlib.contextmanager
@@ -159,22 +165,48 @@ def _process_set(process_set, rt, what):
     return process_set
 
 
+class UnusableProcessSetError(ValueError):
+    """This rank cannot use the process set it was given (not a ProcessSet,
+    or one it does not hold), where the others may be waiting in theirs:
+    `refuse_on` is the set to tell them in, the set's id where it has one,
+    else the global set's."""
+
+    def __init__(self, text, refuse_on=0):
+        super().__init__(text)
+        self.refuse_on = refuse_on
+
+
+def _checked_set(process_set, rt, what, name, op, group_size=None):
+    """_process_set, and where this rank cannot use the set, a refusal of
+    the operation: the other ranks' copies fail at once naming this rank,
+    and this rank's next copy of the name meets their next one, not the
+    copy it never sent (which mixed steps: every later result of the name
+    combined this rank's step k+1 with the others' step k)."""
+    try:
+        return _process_set(process_set, rt, what)
+    except UnusableProcessSetError as exc:
+        _tell_refusal(rt, name, op, exc.refuse_on, group_size, exc)
+        raise
+
+
 def registered(process_set, rt, what):
-    """ValueError, saying why, unless the running coordinator `rt` holds
-    `process_set` (its membership aside)."""
+    """ValueError (UnusableProcessSetError), saying why, unless the running coordinator
+    `rt` holds `process_set` (its membership aside)."""
     if process_set is global_process_set and process_set.process_set_id == 0:
         return
     if not isinstance(process_set, ProcessSet):
-        raise ValueError(f"{what}: process_set must be a ProcessSet, got {process_set!r}")
-    if process_set.process_set_id is None and process_set._released:
-        raise ValueError(f"{what}: the process set with ranks {process_set.ranks} was "
+        raise UnusableProcessSetError(f"{what}: process_set must be a ProcessSet, got {process_set!r}")
+    pid = process_set.process_set_id
+    if pid is None and process_set._released:
+        raise UnusableProcessSetError(f"{what}: the process set with ranks {process_set.ranks} was "
                          "removed when the coordinator shut down (an elastic job shuts it "
                          "down as it re-forms); register it again with add_process_set() "
                          "(in an elastic job, in a reset callback: "
                          "state.register_reset_callbacks) or init(process_sets=...)")
-    if process_set.process_set_id is None or not rt.process_sets.holds(process_set):
-        raise ValueError(f"{what}: {process_set!r} is not registered on this rank; pass it "
-                         "to init(process_sets=...) or add_process_set() first")
+    if pid is None or not rt.process_sets.holds(process_set):
+        raise UnusableProcessSetError(f"{what}: {process_set!r} is not registered on this rank; pass it "
+                          "to init(process_sets=...) or add_process_set() first",
+                          0 if pid is None else pid)
 
 
 def _array(tensor, what, reducible):
@@ -363,7 +395,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     name = _name("allreduce", name)
     what = label("allreduce", name)
     rt = _runtime_for(what)
-    ps = _process_set(process_set, rt, what)
+    ps = _checked_set(process_set, rt, what, name, pb.ALLREDUCE)
     with _refusal(rt, name, pb.ALLREDUCE, ps):
         op = _reduce_op(op, average, what)
         entry = _allreduce_entry(rt, tensor, name, op, prescale_factor, postscale_factor, ps,
@@ -379,9 +411,10 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     tensors = list(tensors)
     base = _name("grouped_allreduce", name)
     rt = _runtime_for(label("grouped_allreduce", base))
-    ps = _process_set(process_set, rt, label("grouped_allreduce", base))
     n = len(tensors)
+    ps = _checked_set(process_set, rt, label("grouped_allreduce", base), base, pb.ALLREDUCE, n)
     with _refusal(rt, base, pb.ALLREDUCE, ps, n):
+        _not_empty(n, "grouped_allreduce", base)
         op = _reduce_op(op, average, label("grouped_allreduce", base))
         outputs = list(outputs) if outputs is not None else [None] * n
         if len(outputs) != n:
@@ -391,6 +424,15 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                                     postscale_factor, ps, o, group=base, group_size=n)
                    for i, (t, o) in enumerate(zip(tensors, outputs))]
     return _submit(rt, entries, group=True)
+
+
+def _not_empty(n, what, base):
+    """A group of no tensors is refused on every rank, as Horovod's
+    frontends fail on one: returned empty, one rank's call was no call for
+    the others, which went on waiting, and its next call of the name met
+    their copy of this one."""
+    if n == 0:
+        raise ValueError(f"{what} '{base}': no tensors given")
 
 
 def _member(base, i, n):
@@ -416,7 +458,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     (which may differ per rank) and returns a handle."""
     name = _name("allgather", name)
     rt = _runtime_for(label("allgather", name))
-    ps = _process_set(process_set, rt, label("allgather", name))
+    ps = _checked_set(process_set, rt, label("allgather", name), name, pb.ALLGATHER)
     with _refusal(rt, name, pb.ALLGATHER, ps):
         entry = _allgather_entry(tensor, name, ps)
     return _submit(rt, [entry])
@@ -427,9 +469,10 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     tensors = list(tensors)
     base = _name("grouped_allgather", name)
     rt = _runtime_for(label("grouped_allgather", base))
-    ps = _process_set(process_set, rt, label("grouped_allgather", base))
     n = len(tensors)
+    ps = _checked_set(process_set, rt, label("grouped_allgather", base), base, pb.ALLGATHER, n)
     with _refusal(rt, base, pb.ALLGATHER, ps, n):
+        _not_empty(n, "grouped_allgather", base)
         entries = [_allgather_entry(t, _member(base, i, n), ps, base, n)
                    for i, t in enumerate(tensors)]
     return _submit(rt, entries, group=True)
@@ -443,7 +486,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
     name = _name("broadcast", name)
     what = label("broadcast", name)
     rt = _runtime_for(what)
-    ps = _process_set(process_set, rt, what)
+    ps = _checked_set(process_set, rt, what, name, pb.BROADCAST)
     with _refusal(rt, name, pb.BROADCAST, ps):
         if not isinstance(root_rank, numbers.Integral) or root_rank not in ps.ranks:
             raise ValueError(f"{what}: invalid root rank {root_rank!r} for process set "
@@ -463,7 +506,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     name = _name("alltoall", name)
     what = label("alltoall", name)
     rt = _runtime_for(what)
-    ps = _process_set(process_set, rt, what)
+    ps = _checked_set(process_set, rt, what, name, pb.ALLTOALL)
     with _refusal(rt, name, pb.ALLTOALL, ps):
         entry = _alltoall_entry(tensor, splits, name, ps, what)
     return _submit(rt, [entry])
@@ -523,7 +566,7 @@ def reducescatter_async(tensor, op=Average, name=None, process_set=global_proces
     name = _name("reducescatter", name)
     what = label("reducescatter", name)
     rt = _runtime_for(what)
-    ps = _process_set(process_set, rt, what)
+    ps = _checked_set(process_set, rt, what, name, pb.REDUCESCATTER)
     with _refusal(rt, name, pb.REDUCESCATTER, ps):
         op = _reducescatter_op(op, what)
         entry = _reducescatter_entry(tensor, name, op, prescale_factor, postscale_factor, ps)
@@ -538,9 +581,10 @@ def grouped_reducescatter_async(tensors, op=Average, name=None,
     base = _name("grouped_reducescatter", name)
     what = label("grouped_reducescatter", base)
     rt = _runtime_for(what)
-    ps = _process_set(process_set, rt, what)
     n = len(tensors)
+    ps = _checked_set(process_set, rt, what, base, pb.REDUCESCATTER, n)
     with _refusal(rt, base, pb.REDUCESCATTER, ps, n):
+        _not_empty(n, "grouped_reducescatter", base)
         op = _reducescatter_op(op, what)
         entries = [_reducescatter_entry(t, _member(base, i, n), op, prescale_factor,
                                         postscale_factor, ps, base, n)
@@ -608,13 +652,13 @@ def recv_async(source_rank, name=None, process_set=global_process_set):
 def barrier_async(process_set=global_process_set):
     rt = _runtime_for("barrier")
     ps = _process_set(process_set, rt, "barrier")
-    return _submit(rt, [Entry(f"barrier.{ps.process_set_id}", pb.BARRIER,
+    return _submit(rt, [Entry(barrier_name(ps.process_set_id), pb.BARRIER,
                               process_set_id=ps.process_set_id)])
 
 
 def join_async(device=-1):
     rt = _runtime_for("join")
-    return _submit(rt, [Entry("join", pb.JOIN)])
+    return _submit(rt, [Entry(JOIN_NAME, pb.JOIN)])
 
 
 def join(device=-1):

@@ -29,8 +29,7 @@ import collections
 import time
 
 from coordinator import dtypes
-from coordinator.ops_names import (display_name, format_ranks, op_name,
-                                   reduce_op_name)
+from coordinator.ops_names import JOIN_NAME, display_name, format_ranks, op_name, reduce_op_name
 from coordinator.negotiation import answered_in_rounds, in_rounds
 from coordinator.response_cache import CoordinatorCache, float_key
 from coordinator.stall_inspector import StallInspector
@@ -49,7 +48,6 @@ NOT_WITH_JOIN = frozenset({pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL, pb.REDUCESCA
 # without it, its own call later found the set it asked for already there,
 # or already gone).
 EVERY_RANK_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET})
-JOIN_NAME = "join"
 
 
 def negotiation_set(op, process_set_id):
@@ -160,7 +158,7 @@ _OP_FIELDS = {
     pb.ALLTOALL: _COMMON_FIELDS + [_NDIM, _TRAILING],
     pb.BARRIER: [],
     pb.ADD_PROCESS_SET: [("ranks", lambda r: tuple(r.ranks), lambda v: str(list(v)))],
-    pb.REMOVE_PROCESS_SET: [],
+    pb.REMOVE_PROCESS_SET: [("process set", lambda r: r.process_set_id, str)],
     pb.P2P: [("sender and receiver", lambda r: tuple(r.ranks), lambda v: str(list(v)))],
 }
 

@@ -39,14 +39,27 @@ def loads(data):
     return _pickle.loads(data)
 
 
-def _exchange(name, process_set, root, payload):
+def _exchange(name, process_set, root, obj):
     """Every member's (root, payload bytes), in process-set order: one
-    allgather of `header + payload` from each."""
-    return _exchange_async(name, process_set, root, payload)()
+    allgather of `header + pickle of obj` from each (an empty payload for
+    `_NOTHING`)."""
+    return _exchange_async(name, process_set, root, obj)()
 
 
-def _exchange_async(name, process_set, root, payload):
-    """Submits the exchange; returns the function that waits for it."""
+_NOTHING = object()  # (a broadcast's non-root ranks send no pickle)
+
+
+def _exchange_async(name, process_set, root, obj):
+    """Submits the exchange; returns the function that waits for it. An
+    object that cannot be pickled is this rank's refusal of the exchange:
+    the others' copies fail naming it, as for a bad tensor, where they used
+    to wait, and this rank's next exchange of the name met their copy of
+    this one."""
+    try:
+        payload = b"" if obj is _NOTHING else dumps(obj)
+    except Exception as exc:
+        collectives.refuse("allgather", name, exc, process_set)
+        raise
     mine = np.frombuffer(_HEADER.pack(root, len(payload)) + payload, np.uint8)
     handle = collectives.allgather_async(mine, name=name, process_set=process_set)
     return lambda: _parts(collectives.synchronize(handle))
@@ -68,7 +81,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     name = name or "broadcast_object"
     is_root = basics.rank() == root_rank
     parts = _exchange(f"broadcast_object.{name}", process_set, int(root_rank),
-                      dumps(obj) if is_root else b"")
+                      obj if is_root else _NOTHING)
     ranks = process_set.ranks
     roots = [r for r, _ in parts]
     if len(set(roots)) > 1:
@@ -93,5 +106,5 @@ def allgather_object_async(obj, name=None, process_set=global_process_set):
     returns its result. An operation submitted before that wait is
     negotiated with it (a frontend's shapes and their data: one round)."""
     name = name or "allgather_object"
-    wait = _exchange_async(f"allgather_object.{name}", process_set, -1, dumps(obj))
+    wait = _exchange_async(f"allgather_object.{name}", process_set, -1, obj)
     return lambda: [loads(data) for _, data in wait()]

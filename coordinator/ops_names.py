@@ -26,6 +26,19 @@ REDUCE_OP_NAMES = {
 
 CPU_DEVICE = -1
 
+# The coordinator's own operations are named in a namespace of their own, which
+# a program's tensor names may not enter (collectives._name): a tensor named
+# 'join' met join()'s entry on a joined rank, which took it for the tensor and
+# stopped the job; one named 'barrier.0' met a barrier.
+INTERNAL_PREFIX = "coordinator."
+JOIN_NAME = INTERNAL_PREFIX + "join"
+ADD_PROCESS_SET_NAME = INTERNAL_PREFIX + "add_process_set"
+REMOVE_PROCESS_SET_NAME = INTERNAL_PREFIX + "remove_process_set"
+
+
+def barrier_name(process_set_id):
+    return f"{INTERNAL_PREFIX}barrier.{process_set_id}"
+
 
 def op_name(op):
     return OP_NAMES.get(op, f"op#{op}")

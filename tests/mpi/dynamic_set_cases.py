@@ -108,3 +108,30 @@ def case_shutdown_waits_for_a_communicator_still_being_made(hvd):
     assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.settle"),
                  np.full(1, float(hvd.size())))
     del ps
+
+
+def case_ranks_asking_for_different_sets_all_hear_so_at_once(hvd):
+    # Named after the ranks asked for, two lists never met: the other ranks
+    # waited until DeadlockError, and so did the next add.
+    me, n = hvd.rank(), hvd.size()
+    ranks = [0] if me == 0 else [n - 1]
+    exc = expect_raises(hvd.HorovodInternalError, hvd.add_process_set, ranks)
+    assert "Mismatched ranks for add_process_set" in str(exc), str(exc)
+    assert "rank 0 sent ranks [0]" in str(exc), str(exc)
+    bad = [0, n + 3] if me == 0 else [0]
+    if me == 0:
+        exc = expect_raises(ValueError, hvd.add_process_set, bad)
+        assert f"ranks [0, {n + 3}] are not valid" in str(exc), str(exc)
+    else:
+        exc = expect_raises(hvd.HorovodInternalError, hvd.add_process_set, bad)
+        assert "rank 0 rejected add_process_set" in str(exc), str(exc)
+    ps = hvd.add_process_set([n - 1])  # the job goes on, and adds again
+    if me == n - 1:
+        assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="last", process_set=ps),
+                     np.ones(1))
+    if me == 1:
+        assert hvd.remove_process_set(hvd.global_process_set) is False
+    else:
+        exc = expect_raises(hvd.HorovodInternalError, hvd.remove_process_set, ps)
+        assert "rank 1 rejected remove_process_set" in str(exc), str(exc)
+    assert hvd.remove_process_set(ps)

@@ -175,3 +175,90 @@ def case_every_rank_refusing_a_moment_apart_leaves_the_next_copy_whole(hvd):
                                     name="late.g")
         assert_equal(out[1], np.full(3, float(n * step)))
     _then_the_job_goes_on(hvd, "after.late")
+
+
+def _steps_stay_in_step(hvd, name, bad_step_call):
+    """Rank 1 fails step 0 locally (bad_step_call); every later step of the
+    name must combine every rank's value of that step, not rank 1's step k+1
+    with the others' step k."""
+    n, me = hvd.size(), hvd.rank()
+    for step in range(3):
+        value = np.full(2, 100.0 * step + me)
+        if step == 0 and me == 1:
+            expect_raises(ValueError, bad_step_call, value)
+            continue
+        if step == 0:
+            _others_fail(hvd, lambda: hvd.allreduce(value, op=hvd.Sum, name=name),
+                         f"rank 1 rejected allreduce of tensor '{name}'")
+            continue
+        out = hvd.allreduce(value, op=hvd.Sum, name=name)
+        assert_equal(out, np.full(2, 100.0 * step * n + n * (n - 1) / 2))
+
+
+def case_a_process_set_one_rank_cannot_use_is_its_refusal_and_later_steps_stay_in_step(hvd):
+    # The bad set was refused on that rank alone, before anything was sent:
+    # the others waited, and that rank's next copy of the name met their
+    # copy of this step.
+    _steps_stay_in_step(hvd, "ps.c", lambda v: hvd.allreduce(v, op=hvd.Sum, name="ps.c",
+                                                             process_set="x"))
+    unregistered = hvd.ProcessSet([0, 1])
+    _steps_stay_in_step(hvd, "ps.u", lambda v: hvd.allreduce(v, op=hvd.Sum, name="ps.u",
+                                                             process_set=unregistered))
+    _then_the_job_goes_on(hvd, "after.ps")
+
+
+def case_an_empty_group_on_one_rank_fails_the_group_everywhere(hvd):
+    # An empty group returned [] at once on its rank, without a word to the
+    # others, whose copy then met that rank's next one.
+    n, me = hvd.size(), hvd.rank()
+    for step in range(3):
+        tensors = [np.full(2, 100.0 * step + me), np.ones(3)]
+        if step == 0 and me == 1:
+            exc = expect_raises(ValueError, hvd.grouped_allreduce, [], name="empty.g")
+            assert "no tensors" in str(exc), str(exc)
+        elif step == 0:
+            _others_fail(hvd, lambda: hvd.grouped_allreduce(tensors, op=hvd.Sum, name="empty.g"),
+                         "rank 1 rejected grouped allreduce 'empty.g'", "no tensors")
+        else:
+            out = hvd.grouped_allreduce(tensors, op=hvd.Sum, name="empty.g")
+            assert_equal(out[0], np.full(2, 100.0 * step * n + n * (n - 1) / 2))
+    for call in (hvd.grouped_allreduce, hvd.grouped_allgather, hvd.grouped_reducescatter):
+        expect_raises(ValueError, call, [], name=f"empty.{call.__name__}")  # on every rank
+    _then_the_job_goes_on(hvd, "after.empty")
+
+
+def case_an_object_one_rank_cannot_pickle_fails_the_exchange_everywhere(hvd):
+    import threading
+
+    n, me = hvd.size(), hvd.rank()
+    for step in range(3):
+        if step == 0 and me == 1:
+            expect_raises(TypeError, hvd.allgather_object, threading.Lock(), name="pk")
+        elif step == 0:
+            _others_fail(hvd, lambda: hvd.allgather_object((step, me), name="pk"),
+                         "rank 1 rejected allgather of tensor 'allgather_object.pk'", "pickle")
+        else:
+            assert hvd.allgather_object((step, me), name="pk") == [(step, r) for r in range(n)]
+    if me == 0:
+        expect_raises(TypeError, hvd.broadcast_object, threading.Lock(), name="pkb")
+    else:
+        _others_fail(hvd, lambda: hvd.broadcast_object(None, name="pkb"), "rank 0 rejected")
+    assert hvd.broadcast_object(me + 7, name="pkb") == 7
+    _then_the_job_goes_on(hvd, "after.pk")
+
+
+def case_tensors_named_like_the_coordinators_own_operations_meet_none_of_them(hvd):
+    # A tensor named 'join' met join()'s entry on a joined rank, which took
+    # it for the tensor and stopped the job; one named 'barrier.0' met
+    # barrier(). The coordinator's own names are now its own.
+    n, me = hvd.size(), hvd.rank()
+    if me == n - 1:
+        out = hvd.allreduce(np.full(2, 5.0), op=hvd.Sum, name="join")
+        assert_equal(out, np.full(2, 5.0))  # the joined ranks gave zeros
+    assert hvd.join() == n - 1
+    handle = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="barrier.0")
+    hvd.barrier()
+    assert_equal(hvd.synchronize(handle), np.full(2, float(n)))
+    exc = expect_raises(ValueError, hvd.allreduce, np.ones(2), name="coordinator.join")
+    assert "the coordinator's own" in str(exc), str(exc)
+    _then_the_job_goes_on(hvd, "after.names")
