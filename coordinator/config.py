@@ -6,6 +6,7 @@ keep working. Nothing else in the package reads `os.environ` for settings: the
 """
 
 import dataclasses
+import math
 import os
 from typing import Mapping, Optional, Tuple
 
@@ -54,9 +55,14 @@ def _number(env, key, default, kind, minimum=None):
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = kind(raw.strip()) if kind is float else int(float(raw.strip()))
+        number = float(raw.strip())
     except ValueError:
         raise ValueError(f"{key}={raw!r} is not a number") from None
+    if not math.isfinite(number):
+        # inf made HOROVOD_CYCLE_TIME wait for ever, nan switched the
+        # deadlock limit off, and an infinite size was a bare OverflowError.
+        raise ValueError(f"{key}={raw!r} is not a finite number")
+    value = number if kind is float else int(number)
     if minimum is not None and value < minimum:
         raise ValueError(f"{key}={raw!r} must be at least {minimum}")
     return value

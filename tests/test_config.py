@@ -69,6 +69,12 @@ def test_horovods_lenient_values_work_as_in_horovod(capsys):
     ("HOROVOD_FUSION_THRESHOLD", "-1", "must be at least 0"),
     ("HOROVOD_STALL_CHECK_DISABLE", "maybe", "is not a boolean"),
     ("COORDINATOR_SWITCH_INTERVAL", "-1e-4", "must be at least 0"),
+    # inf made the first cycle wait for ever, nan switched the deadlock limit
+    # off, and an infinite size was a bare OverflowError naming nothing.
+    ("HOROVOD_CYCLE_TIME", "inf", "is not a finite number"),
+    ("COORDINATOR_DEADLOCK_SECONDS", "nan", "is not a finite number"),
+    ("HOROVOD_FUSION_THRESHOLD", "inf", "is not a finite number"),
+    ("HOROVOD_CACHE_CAPACITY", "1e400", "is not a finite number"),
 ])
 def test_bad_values_name_the_variable(key, value, fragment):
     with pytest.raises(ValueError) as info:
