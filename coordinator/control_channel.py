@@ -13,12 +13,15 @@ a communicator of its own.
 
 import bisect
 import struct
+import time
 
 import numpy as np
 from mpi4py import MPI
 
 from coordinator import leftovers
+from coordinator.errors import DeadlockError
 
+TAG_START = 0x7FF1  # init's rendezvous, on the job's communicator itself
 TAG_REQUEST = 1  # worker -> coordinator, any time: reports, shutdown
 TAG_RESPONSE = 2  # coordinator -> worker, any time: answers, pings, shutdown
 TAG_ROUND = 3  # worker -> coordinator: its RequestList for a round
@@ -327,10 +330,11 @@ class Transport:
     The MPI backend gets `data_world()`, a communicator of its own for
     tensor bytes; nothing else in the core touches MPI."""
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, start_timeout=None):
         self.base = _base_comm(comm)
         self.rank = self.base.rank
         self.size = self.base.size
+        rendezvous(self.base, start_timeout)
         self.channel = ControlChannel(self.base.Dup())
         self.made = [self.channel.comm]  # communicators made here, to revoke
 
@@ -366,6 +370,61 @@ class Transport:
     @staticmethod
     def threads_supported():
         return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def rendezvous(comm, timeout, poll=0.01):
+    """Returns once every rank of `comm` has come here (init), or raises
+    DeadlockError on each rank that did, naming those that did not, within
+    about `timeout` seconds (None or 0: waits as MPI's collectives do).
+
+    init's first collective waited for ever for a rank that never called
+    init (it left without, it initialised on another communicator, or it
+    alone called init again after a shutdown): each rank now tells rank 0
+    it is here, and rank 0 tells each what it found, by point-to-point
+    messages that the waiting ranks poll, so nobody blocks in MPI."""
+    if not timeout or comm.size == 1:
+        return
+    deadline = time.monotonic() + timeout
+    size = comm.size
+    if comm.rank == 0:
+        bufs = {r: np.zeros(1, np.int64) for r in range(1, size)}
+        reqs = {r: comm.Irecv(bufs[r], source=r, tag=TAG_START) for r in bufs}
+        while reqs and time.monotonic() < deadline:
+            reqs = {r: q for r, q in reqs.items() if not q.Test()}
+            if reqs:
+                time.sleep(poll)
+        missing = sorted(reqs)
+        for req in reqs.values():
+            req.Cancel()
+            req.Wait()
+        verdict = np.zeros(size + 1, np.int64)
+        verdict[0] = len(missing)
+        verdict[1:1 + len(missing)] = missing
+        sends = [comm.Isend(verdict, dest=r, tag=TAG_START)
+                 for r in range(1, size) if r not in reqs]
+        MPI.Request.Waitall(sends)
+    else:
+        comm.Isend(np.ones(1, np.int64), dest=0, tag=TAG_START).Wait()  # (small: eager)
+        verdict = np.zeros(size + 1, np.int64)
+        req = comm.Irecv(verdict, source=0, tag=TAG_START)
+        # Rank 0 may come up to `timeout` after this rank and then wait as
+        # long for the others.
+        deadline += timeout + 5.0
+        while not req.Test():
+            if time.monotonic() >= deadline:
+                req.Cancel()
+                req.Wait()
+                missing = [0]
+                break
+            time.sleep(poll)
+        else:
+            missing = [int(r) for r in verdict[1:1 + verdict[0]]]
+    if missing:
+        ranks = ", ".join(map(str, missing))
+        raise DeadlockError(
+            f"init(): rank{'s' if len(missing) > 1 else ''} {ranks} of {size} did not call "
+            f"init() within {timeout:g} s (COORDINATOR_DEADLOCK_SECONDS), so the coordinator "
+            "cannot start: every rank of the job calls init(), on the same communicator")
 
 
 def _base_comm(comm):

@@ -62,7 +62,9 @@ class Runtime:
 
         self.config = config or Config.from_env()
         logsetup.configure(self.config)
-        self.transport = Transport(comm)
+        # An elastic job's workers start under its driver's own time limit.
+        elastic = os.environ.get("COORDINATOR_ELASTIC") == "1"
+        self.transport = Transport(comm, None if elastic else self.config.deadlock_time)
         self.rank = self.transport.rank
         self.size = self.transport.size
         logsetup.set_rank(self.rank)

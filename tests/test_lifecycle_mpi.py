@@ -1,8 +1,13 @@
 """init/shutdown semantics and stalls, under mpirun."""
 
+import os
+import re
+
 import pytest
 
-from mpi_harness import CaseResults, case_names
+from mpi_harness import CaseResults, case_names, mpirun
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 LIFECYCLE = CaseResults("tests/mpi/lifecycle_cases.py")
 STALLS = CaseResults("tests/mpi/stall_cases.py",
@@ -85,3 +90,31 @@ def test_deadlocks_with_stall_checks_disabled(case):
 @pytest.mark.parametrize("case", case_names("tests/mpi/framework_deadlock_cases.py"))
 def test_uneven_data_without_join_is_a_deadlock_error_in_keras_and_pytorch(case):
     FRAMEWORK_DEADLOCKS.check(case, 2)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["leaves", "alone"])
+def test_init_fails_naming_a_rank_that_never_calls_it(mode):
+    # init's first collective waited for ever for a rank that left without
+    # init() (having started MPI) or that alone called init() again after a
+    # shutdown.
+    proc = mpirun([os.path.join(SCRIPTS, "init_without_a_peer.py"), mode], np_=3,
+                  env={"COORDINATOR_DEADLOCK_SECONDS": "3"}, timeout=120)
+    out = proc.stdout + proc.stderr
+    waiting = [0, 1] if mode == "leaves" else [2]
+    # (rank 0 gathers who came; a rank that rank 0 never answers knows only
+    # that rank 0 did not come)
+    missing = "rank 2 of 3" if mode == "leaves" else "rank 0 of 3"
+    for rank in waiting:
+        assert re.search(rf"rank {rank}: init raised DeadlockError after \d+ s: init\(\): "
+                         rf"{missing} did not call init\(\) within 3 s", out), out
+
+
+@pytest.mark.mpi
+def test_init_waits_for_a_rank_that_comes_within_the_limit():
+    proc = mpirun([os.path.join(SCRIPTS, "init_without_a_peer.py"), "late"], np_=3,
+                  env={"COORDINATOR_DEADLOCK_SECONDS": "20"}, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for rank in range(3):
+        assert f"rank {rank}: sum 3" in out, out
