@@ -527,8 +527,8 @@ class CoordinatorCommunicator(CommunicatorBase):
             raise ValueError(f"{what}: MPI.ANY_TAG is not supported for arrays, which pair by "
                              "(source, tag) in the coordinator; name the tag, or use "
                              "recv_obj, which takes wildcards")
-        if not isinstance(tag, (int, np.integer)) or tag < 0:
-            raise ValueError(f"{what}: tag {tag!r} is not a non-negative integer")
+        if isinstance(tag, (int, np.integer)) and tag < 0:  # (names, e.g. strings, are tags too)
+            raise ValueError(f"{what}: tag {tag!r} is negative")
 
     def _p2p_name(self, tag):
         """The name of this communicator's messages with `tag` (the core
