@@ -75,7 +75,7 @@ def _name(prefix, name):
         raise ValueError(f"{prefix}: name must be a non-empty string, got {name!r}")
     if name.startswith(INTERNAL_PREFIX):
         raise ValueError(f"{prefix}: name {name!r}: names starting with {INTERNAL_PREFIX!r} are "
-                         "the coordinator's own operations'")
+                         "reserved for the coordinator's own operations")
     try:
         name.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -190,23 +190,24 @@ def _checked_set(process_set, rt, what, name, op, group_size=None):
 
 
 def registered(process_set, rt, what):
-    """ValueError (UnusableProcessSetError), saying why, unless the running coordinator
-    `rt` holds `process_set` (its membership aside)."""
+    """UnusableProcessSetError (a ValueError), saying why, unless the running
+    coordinator `rt` holds `process_set` (its membership aside)."""
     if process_set is global_process_set and process_set.process_set_id == 0:
         return
     if not isinstance(process_set, ProcessSet):
-        raise UnusableProcessSetError(f"{what}: process_set must be a ProcessSet, got {process_set!r}")
+        raise UnusableProcessSetError(f"{what}: process_set must be a ProcessSet, got "
+                                      f"{process_set!r}")
     pid = process_set.process_set_id
     if pid is None and process_set._released:
-        raise UnusableProcessSetError(f"{what}: the process set with ranks {process_set.ranks} was "
-                         "removed when the coordinator shut down (an elastic job shuts it "
-                         "down as it re-forms); register it again with add_process_set() "
-                         "(in an elastic job, in a reset callback: "
-                         "state.register_reset_callbacks) or init(process_sets=...)")
+        raise UnusableProcessSetError(
+            f"{what}: the process set with ranks {process_set.ranks} was removed when the "
+            "coordinator shut down (an elastic job shuts it down as it re-forms); register it "
+            "again with add_process_set() (in an elastic job, in a reset callback: "
+            "state.register_reset_callbacks) or init(process_sets=...)")
     if pid is None or not rt.process_sets.holds(process_set):
-        raise UnusableProcessSetError(f"{what}: {process_set!r} is not registered on this rank; pass it "
-                          "to init(process_sets=...) or add_process_set() first",
-                          0 if pid is None else pid)
+        raise UnusableProcessSetError(
+            f"{what}: {process_set!r} is not registered on this rank; pass it to "
+            "init(process_sets=...) or add_process_set() first", 0 if pid is None else pid)
 
 
 def _array(tensor, what, reducible):
