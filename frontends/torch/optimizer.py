@@ -85,11 +85,6 @@ class _HookedOptimizer:
         again by a new DistributedOptimizer (after the old one is dropped)
         is reduced once, by the new one (as Horovod's hooks, held only by its
         optimizer, go with it)."""
-        if self.__dict__.get("_hooks_of") != id(self):
-            # (not a list inherited with a wrapped DistributedOptimizer's __dict__)
-            self._hooks_of = id(self)
-            self._hook_handles = []
-            weakref.finalize(self, _remove_hooks, self._hook_handles)
         owner = weakref.ref(self)
 
         def hook(_):
@@ -99,6 +94,12 @@ class _HookedOptimizer:
 
         self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
         self._requires_update.add(p)
+
+    def _start_hooks(self):
+        """This wrapper's own list of hook handles (not one copied with a
+        wrapped DistributedOptimizer's __dict__), emptied when it goes."""
+        self._hook_handles = []
+        weakref.finalize(self, _remove_hooks, self._hook_handles)
 
     def _count_pass(self, p):
         """Counts one backward pass of p; True when p's gradient is complete."""
@@ -148,6 +149,7 @@ class _DistributedOptimizer(_HookedOptimizer):
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self._setup_names(named_parameters)
+        self._start_hooks()
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -352,6 +354,7 @@ class _DistributedAdasumOptimizer(_HookedOptimizer):
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self._setup_names(named_parameters)
+        self._start_hooks()
         self._handles = {}
         self._requires_update = set()
         self._synchronized = False

@@ -509,10 +509,6 @@ class CoordinatorCommunicator(CommunicatorBase):
 
     # ------------------------------------------------------ point to point
     def _check_peer(self, what, peer):
-        if what == "recv" and peer == MPI.ANY_SOURCE:
-            raise ValueError(f"{what}: MPI.ANY_SOURCE is not supported for arrays, which pair "
-                             "by (source, tag) in the coordinator; name the source, or use "
-                             "recv_obj, which takes wildcards")
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
             raise ValueError(f"{what}: rank {peer!r} is not a rank of this communicator "
                              f"(size {self.size})")
@@ -523,10 +519,6 @@ class CoordinatorCommunicator(CommunicatorBase):
 
     @staticmethod
     def _check_tag(what, tag):
-        if tag == MPI.ANY_TAG:
-            raise ValueError(f"{what}: MPI.ANY_TAG is not supported for arrays, which pair by "
-                             "(source, tag) in the coordinator; name the tag, or use "
-                             "recv_obj, which takes wildcards")
         if isinstance(tag, (int, np.integer)) and tag < 0:  # (names, e.g. strings, are tags too)
             raise ValueError(f"{what}: tag {tag!r} is negative")
 
@@ -566,6 +558,12 @@ class CoordinatorCommunicator(CommunicatorBase):
         or a tuple if a tuple was sent; dtypes and shapes are the sender's."""
         what = "recv"
         self._check_open(what)
+        wildcard = ("ANY_SOURCE" if source == MPI.ANY_SOURCE
+                    else "ANY_TAG" if tag == MPI.ANY_TAG else None)
+        if wildcard:
+            raise ValueError(f"recv: MPI.{wildcard} is not supported for arrays, which pair by "
+                             "(source, tag) in the coordinator; name both, or use recv_obj, "
+                             "which takes wildcards")
         source = self._check_peer(what, source)
         self._check_tag(what, tag)
         base = self._p2p_name(tag)
