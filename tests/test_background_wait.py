@@ -269,12 +269,12 @@ def test_an_idle_worker_asked_into_a_cycle_polls_faster_for_a_while():
     assert state._timeout(3, last) == 0.05
 
 
-def test_gpu_work_in_flight_is_waited_for_as_mpi_work_is():
+def test_gpu_work_in_flight_is_waited_for_as_mpi_work_is(monkeypatch):
     """Right after progress the loop spins, then backs off, whatever is in
     flight. Sleeping 100 us between looks while only GPU work was in flight
     (tried on 2026-11-26) made the ResNet-50 step on the H100 1.46-1.60x
     DDP's, against 1.06-1.25x this way, so the loop does not tell them apart."""
-    now = time.perf_counter()
+    now = _freeze_loop_clock(monkeypatch)[1]  # no time passes inside _timeout
     assert _loop_state(4, 0, 0.0, InFlight())._timeout(0, now) is None
     long_ago = now - 1.0
     assert _loop_state(4, 0, 0.0, InFlight())._timeout(3, long_ago) == background.BACKOFF_MIN * 8
@@ -314,20 +314,23 @@ def test_the_hold_ends_as_the_lane_should_soon_be_free():
                     1.0)
 
 
-def test_a_held_loop_wakes_when_its_hold_should_end():
+def test_a_held_loop_wakes_when_its_hold_should_end(monkeypatch):
     """A rank holding its cycle for a busy lane sleeps no longer than until
     the lane should be within DEVICE_HOLD_LEAD of free, where the back-off
     alone would notice that up to BACKOFF_MAX late; where the end cannot be
     told it backs off as for any work in flight."""
     lead, gap = pacing.DEVICE_HOLD_LEAD, background.BACKOFF_MAX / 5
-    long_ago = time.perf_counter() - 1.0
+    # The loop's clocks stand still: the hold's end is `gap` (100 us) away,
+    # which a loaded machine could otherwise pass between two calls.
+    frozen, now = _freeze_loop_clock(monkeypatch)
+    long_ago = now - 1.0
 
     def held(busy_for):
         state = _loop_state(1, 0, 0.0, InFlight())
         state.executor.busy_for = lambda lane, now: busy_for
         state.flags = 0
         state.fast = {0: _entry(0)}
-        assert not state._post_due(time.monotonic())  # held
+        assert not state._post_due(frozen)  # held
         return state
 
     assert 0 < held(lead + gap)._timeout(20, long_ago) <= gap
@@ -335,8 +338,17 @@ def test_a_held_loop_wakes_when_its_hold_should_end():
     # Once the hold is over (nothing waits any more), its end wakes nobody.
     over = held(lead + gap)
     over.fast = {}
-    over._post_due(time.monotonic())
+    over._post_due(frozen)
     assert over._timeout(20, long_ago) == background.BACKOFF_MAX
+
+
+def _freeze_loop_clock(monkeypatch):
+    """Stops the clocks coordinator.background reads; returns their
+    (monotonic, perf_counter) readings."""
+    frozen = time.monotonic(), time.perf_counter()
+    monkeypatch.setattr(background, "time", types.SimpleNamespace(
+        monotonic=lambda: frozen[0], perf_counter=lambda: frozen[1]))
+    return frozen
 
 
 def _entry(device, pset=0, seq=0):
