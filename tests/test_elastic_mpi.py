@@ -283,7 +283,7 @@ def test_a_failure_no_reset_repairs_stops_the_job_after_three_attempts(tmp_path)
     rc, out, err = coordrun(["-np", "3", "--min-np", "1", "--host-discovery-script", script],
                             "elastic_numpy.py", timeout=120,
                             env={"FAIL_OP_AT": "10:1", "FAIL_OP_ALWAYS": "1", "STEPS": "30",
-                                 "OUTCOMES": str(tmp_path)})
+                                 "OUTCOMES": str(tmp_path), "OUTCOMES_AWAIT": "3"})
     assert rc != 0
     resets = re.findall(r"^reset: rank (\d) of 3", out, re.MULTILINE)
     # Two resets; three when the first attempt's failure hit another of rank
@@ -312,7 +312,7 @@ def test_the_programs_own_mistake_stops_an_elastic_job_on_every_rank(tmp_path, k
                             "elastic_numpy.py", timeout=120,
                             env={"MISTAKE_AT": f"7:{kind}", "STEPS": "30",
                                  "COORDINATOR_DEADLOCK_SECONDS": "2",
-                                 "OUTCOMES": str(tmp_path)})
+                                 "OUTCOMES": str(tmp_path), "OUTCOMES_AWAIT": "3"})
     assert rc != 0
     assert "reset:" not in out, out[-3000:]
     raised = outcomes(tmp_path, error)
@@ -332,7 +332,8 @@ def test_a_worker_whose_training_returns_early_stops_the_job_on_every_rank(tmp_p
     started = time.monotonic()
     rc, out, err = coordrun(["-np", "3", "--min-np", "2", "--host-discovery-script", script],
                             "elastic_numpy.py", timeout=120,
-                            env={"FINISH_AT": "12:1", "STEPS": "30", "OUTCOMES": str(tmp_path)})
+                            env={"FINISH_AT": "12:1", "STEPS": "30", "OUTCOMES": str(tmp_path),
+                                 "OUTCOMES_AWAIT": "2"})
     assert rc != 0 and time.monotonic() - started < 60
     assert "rank 1 returns early at step 12" in out and "reset:" not in out, out[-3000:]
     raised = outcomes(tmp_path, "ShutdownError")

@@ -24,6 +24,9 @@ Knobs (environment), for tests/test_elastic_mpi.py:
       step (in membership 0): it leaves, the others go on without it
   OUTCOMES=<dir>  a rank that raises out of training writes its "raised"
       line to <dir>/rank<r> too
+  OUTCOMES_AWAIT=<n>  a rank that wrote its outcome raises only once <n>
+      ranks have (within 60 s): the launcher ends the job as the first rank
+      exits, which on a loaded machine could be before a slower rank wrote
   LEDGER=1  every rank adds rank + 1 instead of ones, and the state keeps
       the size of each step's membership, so the final line can say what the
       total must be (" ledger <expected total> steps <steps in the ledger>")
@@ -60,6 +63,7 @@ FINISHES = tuple(int(v) for v in os.environ["FINISH_AT"].split(":")) \
 RAISES = tuple(int(v) for v in os.environ["RAISE_AT"].split(":")) \
     if os.environ.get("RAISE_AT") else None
 OUTCOMES = os.environ.get("OUTCOMES", "")
+OUTCOMES_AWAIT = int(os.environ.get("OUTCOMES_AWAIT", "0"))
 FAIL_OP_ALWAYS = os.environ.get("FAIL_OP_ALWAYS") == "1"
 MISTAKE = os.environ["MISTAKE_AT"].split(":") if os.environ.get("MISTAKE_AT") else None
 FAIL_OP = tuple(int(v) for v in os.environ["FAIL_OP_AT"].split(":")) \
@@ -155,6 +159,10 @@ except Exception as exc:
     if OUTCOMES:  # stdout may be cut short as the launcher ends the job
         with open(os.path.join(OUTCOMES, f"rank{hvd.rank()}"), "w") as f:
             f.write(line + "\n")
+        end = time.monotonic() + 60
+        while (len([n for n in os.listdir(OUTCOMES) if n.startswith("rank")]) < OUTCOMES_AWAIT
+               and time.monotonic() < end):
+            time.sleep(0.05)
     raise
 ledger = (f" ledger {sum(n * (n + 1) / 2 for n in state.ledger)} steps {len(state.ledger)}"
           if LEDGER else "")
