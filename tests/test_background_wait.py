@@ -109,9 +109,11 @@ def test_blocked_seconds_counts_only_while_every_live_submitter_waits():
     ender = threading.Thread(target=lambda: solo.add(Entry("short", 1)))
     ender.start()
     ender.join(10)
+    before = time.monotonic()
     entry, lonely = _submit_and_wait(solo, "solo")
     now = time.monotonic()
-    assert 0.0 <= solo.blocked_seconds(now) < 5.0
+    # Blocked since it began to wait, not before (however slowly that went).
+    assert 0.0 <= solo.blocked_seconds(now) <= now - before
     assert solo.blocked_seconds(now + 30) >= 30.0
     entry.finish(1)
     lonely.join(10)
@@ -170,12 +172,18 @@ def test_a_thread_inside_a_framework_runtime_counts_as_quiet_since_its_last_subm
     runner = threading.Thread(target=caller)
     runner.start()
     assert started.wait(10)
+    submitted = time.monotonic()  # after the caller's submission, before the wait's
     entry, waiter = _submit_and_wait(table, "sync")
-    time.sleep(0.05)  # the caller is in run() now
-    later = time.monotonic() + 60
+    # The caller is in run() now: looked at, not slept on (a loaded machine
+    # may not have run it yet).
+    _wait_until(lambda: sys._current_frames()[runner.ident].f_code.co_filename
+                == "/fake/framework/runtime.py")
+    now = time.monotonic()
+    later = now + 60
     assert table.blocked_seconds(later) == 0.0  # an unknown frame: it may compute
     handles.note_framework_runtime("/fake/framework/")
-    assert 59.0 < table.blocked_seconds(later) <= 61.0
+    # Blocked since the later of the two (the wait), whenever that was.
+    assert 60.0 <= table.blocked_seconds(later) <= later - submitted
     release.release()
     runner.join(10)
     entry.finish(1)
@@ -242,30 +250,35 @@ def _loop_state(inflight, waiting, spin_waited, executor=()):
     return bg
 
 
-def test_loop_polls_while_a_thread_waits_and_sleeps_otherwise():
+def test_loop_polls_while_a_thread_waits_and_sleeps_otherwise(monkeypatch):
     # 1 ms after the last progress: past the plain spin window, inside the
-    # waited one.
-    last = time.perf_counter() - 1e-3
+    # waited one (10 ms), which a loaded machine could otherwise leave
+    # between two calls: the loop's clocks stand still.
+    now = _freeze_loop_clock(monkeypatch)[1]
+    last = now - 1e-3
     budget = background.SPIN_WAITED
     assert _loop_state(1, 1, budget)._timeout(3, last) is None
     assert _loop_state(1, 0, budget)._timeout(3, last) > 0  # nobody waits: back off
     assert _loop_state(1, 1, 0.0)._timeout(3, last) > 0  # oversubscribed: back off
     assert _loop_state(0, 1, budget)._timeout(3, last) == 0.05  # nothing in flight: idle
     # Past the waited window the loop backs off again, waiter or not.
-    long_ago = time.perf_counter() - 2 * budget
+    long_ago = now - 2 * budget
     assert _loop_state(1, 1, budget)._timeout(3, long_ago) > 0
 
 
-def test_an_idle_worker_asked_into_a_cycle_polls_faster_for_a_while():
+def test_an_idle_worker_asked_into_a_cycle_polls_faster_for_a_while(monkeypatch):
     """Rank 0 asked it to post a cycle for another set's GPU plans (each
     waits for a round of every rank): for WAKE_HOLD seconds after, it looks
     for the next request every WAKE_POLL, not every idle poll (50 ms: each
     such operation took 52 ms)."""
-    last = time.perf_counter() - 1.0
+    # The loop's clocks stand still: a loaded machine could otherwise pass
+    # the end of the WAKE_HOLD (2 s) between two calls.
+    frozen, now = _freeze_loop_clock(monkeypatch)
+    last = now - 1.0
     state = _loop_state(0, 0, 0.0)
-    state._woken_until = time.monotonic() + background.WAKE_HOLD
+    state._woken_until = frozen + background.WAKE_HOLD
     assert state._timeout(3, last) == background.WAKE_POLL
-    state._woken_until = time.monotonic() - 0.1  # the hold is over
+    state._woken_until = frozen - 0.1  # the hold is over
     assert state._timeout(3, last) == 0.05
 
 
@@ -333,7 +346,9 @@ def test_a_held_loop_wakes_when_its_hold_should_end(monkeypatch):
         assert not state._post_due(frozen)  # held
         return state
 
-    assert 0 < held(lead + gap)._timeout(20, long_ago) <= gap
+    # (== gap but for the last bit: the hold's end is the clock's reading
+    # plus a sum, so `end - now` need not round back to `gap` exactly)
+    assert 0 < held(lead + gap)._timeout(20, long_ago) <= gap * (1 + 1e-6)
     assert held(math.inf)._timeout(20, long_ago) == background.BACKOFF_MAX
     # Once the hold is over (nothing waits any more), its end wakes nobody.
     over = held(lead + gap)

@@ -305,23 +305,36 @@ def test_without_a_silence_limit_silence_is_only_reported(sleeper, caplog):
         "driver: no heartbeat from rank 2 (c[0]) for 100 s") == 1
 
 
-def test_a_worker_ends_the_silent_workers_on_its_machine_only(sleeper):
+def test_a_worker_ends_the_silent_workers_on_its_machine_only(sleeper, monkeypatch):
     """The heartbeat's reply names the workers the driver wants ended; an
     agent ends those that share its machine and PID namespace (once), and
     leaves the others."""
     from coordinator.elastic import worker
 
     proc, start = sleeper
+    monkeypatch.setattr(worker, "HEARTBEAT_PERIOD", 0.05)  # many heartbeats, soon
 
     class Client:
         def __init__(self):
             self.end = []
+            self.beats = 0
+            self.cond = threading.Condition()
 
         def register(self, *args):
             return ("a", 0)
 
         def heartbeat(self, generation, rank, timeout=None):
-            return dpb.HeartbeatReply(hosts_version=0, end=self.end)
+            with self.cond:
+                self.beats += 1
+                self.cond.notify_all()
+            return dpb.HeartbeatReply(hosts_version=0, end=list(self.end))
+
+        def two_more_beats(self):
+            """Returns once the agent has acted on the reply to a heartbeat
+            sent after this call (it sends the next one only then)."""
+            with self.cond:
+                until = self.beats + 2
+                assert self.cond.wait_for(lambda: self.beats >= until, 60), self.beats
 
     client = Client()
     agent = worker.Agent(client)
@@ -333,11 +346,13 @@ def test_a_worker_ends_the_silent_workers_on_its_machine_only(sleeper):
                         start_time=start),
             dpb.Process(generation=0, rank=2, host_identity=agent.identity, pid=proc.pid,
                         start_time=start + 1)]
-        time.sleep(2.5 * worker.HEARTBEAT_PERIOD)
+        # Counted heartbeats, not a sleep: a loaded machine may run the
+        # agent's thread late.
+        client.two_more_beats()
         assert proc.poll() is None
         client.end.append(dpb.Process(generation=0, rank=2, host_identity=agent.identity,
                                       pid=proc.pid, start_time=start))
-        assert proc.wait(3 * worker.HEARTBEAT_PERIOD) == -9
+        assert proc.wait(60) == -9
     finally:
         agent.stop()
 

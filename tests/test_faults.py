@@ -53,7 +53,7 @@ def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(
     it after the check time, StallError on every rank after the shutdown
     time (the stopped one too, once continued), and the job ends."""
     start = time.monotonic()
-    proc = mpirun(["tests/scripts/stopped_rank.py", "collective", str(victim), "9"],
+    proc = mpirun(["tests/scripts/stopped_rank.py", "collective", str(victim)],
                   np_=np_, env=dict(STOP_ENV, REPORTS_DIR=str(tmp_path)), timeout=120)
     out = proc.stdout + proc.stderr
     assert time.monotonic() - start < 60, out
@@ -84,7 +84,7 @@ def test_without_a_stall_shutdown_time_a_stopped_rank_fails_after_the_silence_li
            "REPORTS_DIR": str(tmp_path)}
     if checks == "disabled":
         env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
-    proc = mpirun(["tests/scripts/stopped_rank.py", mode, "1", "9"], np_=2, env=env,
+    proc = mpirun(["tests/scripts/stopped_rank.py", mode, "1"], np_=2, env=env,
                   timeout=120)
     out = proc.stdout + proc.stderr
     assert "rank 1 has not answered" in out, out
@@ -104,7 +104,7 @@ def test_without_a_stall_shutdown_time_a_stopped_rank_fails_after_the_silence_li
 def test_a_rank_stopped_between_steps_becomes_a_stall_error_on_every_rank(tmp_path):
     """SIGSTOP between two steps: the others wait in the negotiation cycle,
     which the stopped rank can never finish, so it is named the same way."""
-    proc = mpirun(["tests/scripts/stopped_rank.py", "between", "1", "9"], np_=2,
+    proc = mpirun(["tests/scripts/stopped_rank.py", "between", "1"], np_=2,
                   env=dict(STOP_ENV, REPORTS_DIR=str(tmp_path)), timeout=120)
     out = proc.stdout + proc.stderr
     assert "rank 1 has not answered" in out, out
@@ -121,8 +121,9 @@ def test_shutdown_beside_a_stopped_rank_returns_after_its_deadline(np_, victim, 
     """The others call shutdown() while the victim is stopped: its barrier
     can never complete, so each gives up after the shutdown deadline (cut
     to 3 s by the script), saying so, instead of waiting forever; the
-    victim, once continued, finds the coordinator shut down by them."""
-    proc = mpirun(["tests/scripts/stopped_rank.py", "shutdown", str(victim), "6"],
+    victim, once continued (by them, once they are through), finds the
+    coordinator shut down by them."""
+    proc = mpirun(["tests/scripts/stopped_rank.py", "shutdown", str(victim)],
                   np_=np_, env={"REPORTS_DIR": str(tmp_path)}, timeout=120)
     out = proc.stdout + proc.stderr
     others = [r for r in range(np_) if r != victim]
@@ -131,9 +132,11 @@ def test_shutdown_beside_a_stopped_rank_returns_after_its_deadline(np_, victim, 
     for rank in others:
         (line,) = _lines(out, f"RANK {rank}: shut down after")
         waited = float(line.split(" after ")[1].split(" s")[0])
-        # The deadline: not the victim's return (continued after 6 s), nor
-        # the runtime's last resort (joining the thread for 5 s more).
-        assert 2.5 <= waited < 5.5, line
+        # The deadline: not the victim's return (it is continued only after
+        # this), nor the runtime's last resort (joining the thread for 5 s
+        # more, then leaving it running). No upper bound on the time: a
+        # loaded machine may take any time to get there.
+        assert waited >= 2.5 and line.endswith("its thread ended"), line
         assert f"rank {rank}: {gave_up}" in out, out
     (line,) = _lines(out, f"RANK {victim}: ShutdownError")
     assert "allreduce of tensor 'grad': the coordinator has shut down (rank " in line, line

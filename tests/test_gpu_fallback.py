@@ -769,7 +769,9 @@ def test_shutdown_aborts_removed_communicators_not_destroyed_yet(host_kernels, m
 def test_the_simulated_gpu_spends_stream_time_and_moves_nothing():
     import gpu_sim
 
-    cp, nccl = gpu_sim.sim_cupy(2, 0, latency=1.0, bandwidth=1e6)
+    # A 30 s latency, as the timed fakes' above: with 1 s, a loaded machine
+    # could let the call's time pass before the event is looked at.
+    cp, nccl = gpu_sim.sim_cupy(2, 0, latency=30.0, bandwidth=1e6)
     stream = cp.cuda.Stream(non_blocking=True)
     data = gpu_sim.device_array((1000,))
     before = time.perf_counter()
@@ -778,7 +780,7 @@ def test_the_simulated_gpu_spends_stream_time_and_moves_nothing():
             data.data.ptr, data.data.ptr, 1000, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
         event = cp.cuda.Event()
         event.record(stream)
-    assert stream.busy_until >= before + 1.0 + 4000 / 1e6  # latency + bytes / bandwidth
+    assert stream.busy_until >= before + 30.0 + 4000 / 1e6  # latency + bytes / bandwidth
     assert not event.done
     other = cp.cuda.Stream(non_blocking=True)
     other.wait_event(event)  # a stream that waits starts after it
@@ -1164,8 +1166,14 @@ def test_async_completion_on_device_arrays_at_np2(case, setting, job):
                         "after_a_failure_shutdown_aborts_the_nccl_communicators"}
     env = {"HOROVOD_ENABLE_ASYNC_COMPLETION": setting, "CASES": cases[job],
            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
-    if job == "hold":  # their messages about the hour-long call would end the hold
-        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    if job == "hold":
+        # Nothing but what a case looks at may end a hold: stall checks'
+        # messages about the hour-long call would, and so would the
+        # watchdog's pings (a rank asked posts a cycle at once), which the
+        # silence and deadlock limits keep on; within a second or so, which
+        # a loaded machine could let pass before a case looks.
+        env.update(HOROVOD_STALL_CHECK_DISABLE="1", COORDINATOR_SILENT_RANK_SECONDS="0",
+                   COORDINATOR_DEADLOCK_SECONDS="0")
     _check("tests/mpi/async_completion_cases.py", case, 2, env)
 
 

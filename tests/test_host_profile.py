@@ -28,8 +28,14 @@ def test_the_sampler_says_where_another_thread_spends_its_time():
     sampler = host_profile.Sampler(period=1e-3)
     try:
         sampler.on = True
-        time.sleep(0.2)
+        # Until it has the samples asked for below, not for a fixed time: a
+        # loaded machine may run the sampler only a few times in 0.2 s.
+        deadline = time.monotonic() + 60
+        while _samples_of("known", dict(sampler.counts)) <= 20:
+            assert time.monotonic() < deadline, dict(sampler.counts)
+            time.sleep(0.01)
         sampler.on = False
+        sampler.stop()  # (a sample under way then would land after the take)
         counts = sampler.take()
     finally:
         sampler.stop()
@@ -42,6 +48,10 @@ def test_the_sampler_says_where_another_thread_spends_its_time():
     assert sampler.take() == {}  # a take starts afresh
     lines = host_profile.sample_lines(counts)
     assert any(re.match(r"        known: \d+ samples", line) for line in lines)
+
+
+def _samples_of(name, counts):
+    return sum(n for (thread, _), n in counts.items() if thread == name)
 
 
 def test_timed_wraps_a_module_function_only_while_on_and_restores_it():

@@ -114,13 +114,15 @@ STOP_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "2", "HOROVOD_STALL_SHUTDOWN_TIM
 @pytest.mark.parametrize("victim, step, submitted", [(1, 5, 1), (0, 3, 2)],
                          ids=["a_worker", "the_coordinator"])
 def test_a_rank_stopped_half_way_through_a_random_step_is_named_on_every_rank(
-        victim, step, submitted):
+        victim, step, submitted, tmp_path):
     """SIGSTOP after it submitted part of a step (some of it in process sets
-    it is not in), continued 6 s later: every other rank fails naming it, it
-    fails too once continued, and the job ends instead of hanging."""
+    it is not in), continued once the others have failed (60 s later at the
+    latest): every other rank fails naming it, it fails too once continued,
+    and the job ends instead of hanging."""
     np_ = 3
     run = mpirun([os.path.join(SCRIPTS, "random_collectives.py"), "7", "20"], np_=np_,
-                 env=dict(STOP_ENV, STOP=f"{victim},{step},{submitted},6", BAD_INPUT="0.1"),
+                 env=dict(STOP_ENV, STOP=f"{victim},{step},{submitted},60", BAD_INPUT="0.1",
+                          STOP_MARKS=str(tmp_path)),
                  timeout=120)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]

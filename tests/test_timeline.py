@@ -74,7 +74,7 @@ def test_report_names_the_late_rank_and_tensor(straggler_trace):
     assert stalls, report.text()
     worst = stalls[0]
     assert worst["tensor"] == "grad.late" and worst["late"] == [1], report.text()
-    assert worst["wait"] >= 30e3  # us; the straggler slept 40 ms
+    assert worst["wait"] >= 200e3  # us; the straggler slept 250 ms
     # (by how much depends on the machine's load, which makes rank 0 late
     # for other tensors too: not a ratio of times)
     assert report.lateness[1][0] > report.lateness[0][0], report.text()

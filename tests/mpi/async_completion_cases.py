@@ -237,12 +237,16 @@ def case_a_held_tensor_goes_shortly_before_the_running_call_should_end(hvd):
     its calls run for an hour.)"""
     from coordinator import pacing
 
-    took, held = 10.0, 2.0  # a call runs `took` s; the next is held `held` s
+    took, held = 600.0, 2.0  # a call runs `took` s; the next is held `held` s
     _learn(hvd, ("lead.first", "lead.second"), took=took, steps=3)
     saved = pacing.DEVICE_HOLD_LEAD, pacing.DEVICE_HOLD_MAX
-    pacing.DEVICE_HOLD_LEAD, pacing.DEVICE_HOLD_MAX = took - held, HOUR
+    # Looked at with no lead first, so that it is held for all of the
+    # running call's `took` s: with the lead, only `held` s, which a loaded
+    # machine could pass before the look.
+    pacing.DEVICE_HOLD_LEAD, pacing.DEVICE_HOLD_MAX = 0.0, HOUR
     try:
-        calls, first, first_wait, second, entry = _second_held(hvd, "lead", held / 10)
+        calls, first, first_wait, second, entry = _second_held(hvd, "lead", 0.2)
+        pacing.DEVICE_HOLD_LEAD = took - held
         _until_queued(entry, calls, first_wait, "held until the running call ended")
         _fire(first_wait, took=took)
         _fire(entry.done_event, took=took)

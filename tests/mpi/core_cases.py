@@ -4,6 +4,9 @@ Every rank can compute every other rank's input (`data`), so each case checks
 its result against the NumPy computation of the expected value.
 """
 
+import os
+import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -51,6 +54,50 @@ def assert_equal(actual, expected, what=""):
     np.testing.assert_array_equal(actual.astype(np.float64) if actual.dtype == BF16 else actual,
                                   expected.astype(np.float64) if expected.dtype == BF16
                                   else expected, err_msg=what)
+
+
+# Events that cases wait for, not sleep on: the ranks share a machine (and a
+# clock), but a loaded one may run any of them seconds late.
+WAIT = 40.0  # seconds: far above a slow machine, below the cases' timeouts
+
+
+def owing(hvd, what):
+    """Waits until this rank's background thread holds the notice of an
+    operation that failed before this rank submitted its copy (owed.py), as
+    for a rank that comes to it after the others' stall or refusal: its
+    copy then fails at once. `what`: the operation, for the message."""
+    from coordinator import runtime
+
+    bg = runtime.current().background
+    deadline = time.monotonic() + WAIT
+    while not bg.owed:
+        assert time.monotonic() < deadline, f"{what} never failed without this rank"
+        time.sleep(0.005)
+    return bg
+
+
+def shared_dir(hvd, name):
+    """A directory every rank of the job knows (made by rank 0), for marks
+    that ranks which cannot talk through the coordinator leave each other."""
+    made = tempfile.mkdtemp(prefix=f"{name}-") if hvd.rank() == 0 else None
+    return hvd.broadcast_object(made, name=f"{name}.dir")
+
+
+def leave_mark(directory, what):
+    with open(os.path.join(directory, what + ".tmp"), "w"):
+        pass
+    os.rename(os.path.join(directory, what + ".tmp"), os.path.join(directory, what))
+
+
+def wait_for_marks(directory, marks, remove=False):
+    """Waits until every mark in `marks` is in `directory` (leave_mark);
+    removes the directory after, if asked (its last reader)."""
+    deadline = time.monotonic() + WAIT
+    while not all(os.path.exists(os.path.join(directory, m)) for m in marks):
+        assert time.monotonic() < deadline, (sorted(os.listdir(directory)), marks)
+        time.sleep(0.01)
+    if remove:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ allreduce
@@ -229,7 +276,8 @@ def case_steady_state_step_costs_one_cycle(hvd):
 def case_cycle_time_gathers_tensors_into_fewer_cycles(hvd):
     """HOROVOD_CYCLE_TIME spaces the cycles, as Horovod's does: tensors
     submitted one by one over 40 ms meet in two or three cycles with a
-    100 ms cycle time (one each without)."""
+    1 s cycle time (one each without). (Not 100 ms: a loaded machine can
+    spread the submissions, or the ranks, over more cycles than that.)"""
     from coordinator import runtime
 
     bg = runtime.current().background
@@ -238,10 +286,10 @@ def case_cycle_time_gathers_tensors_into_fewer_cycles(hvd):
         for h in [hvd.allreduce_async(np.ones(1), op=hvd.Sum, name=n) for n in names]:
             hvd.synchronize(h)
     gap = bg._cycle_gap
-    bg._cycle_gap = 0.1
+    bg._cycle_gap = 1.0
     try:
         hvd.barrier()
-        time.sleep(0.15)  # the last cycle's gap has passed
+        time.sleep(1.05)  # the last cycle's gap has passed
         before = bg.cycle.cycles
         handles = []
         for i, name in enumerate(names):

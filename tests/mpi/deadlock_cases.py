@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from core_cases import assert_equal, expect_raises
+from core_cases import assert_equal, expect_raises, leave_mark, shared_dir, wait_for_marks
 
 
 def setup(hvd):
@@ -98,19 +98,24 @@ def case_two_ranks_deadlocked_in_a_set_fail_while_the_others_train_on(hvd):
     if n < 3:
         return
     pair = hvd.add_process_set([0, 1])
+    marks = shared_dir(hvd, "pair-deadlock")
     me = hvd.rank()
     if me in (0, 1):
         mine, theirs = ("x", "y") if me == 0 else ("y", "x")
-        exc = expect_raises(hvd.DeadlockError, hvd.allreduce, np.ones(2), name=mine,
-                            process_set=pair)
+        try:
+            exc = expect_raises(hvd.DeadlockError, hvd.allreduce, np.ones(2), name=mine,
+                                process_set=pair)
+        finally:
+            leave_mark(marks, f"failed.{me}")
         text = str(exc)
         assert text.startswith(f"Deadlocked allreduce of tensor '{mine}' in process set "
                                f"{pair.process_set_id}"), text
         assert "ranks 0, 1 have been waiting" in text, text
         assert f"the others wait on: allreduce of tensor '{theirs}'" in text, text
     else:
-        end = time.monotonic() + 4.0
-        while time.monotonic() < end:  # training on: not blocked
-            time.sleep(0.05)
+        # Training on (not blocked) until the pair has failed, not for a
+        # time: blocked in the barrier below any earlier, it would be a
+        # third party to their wait on a loaded machine.
+        wait_for_marks(marks, [f"failed.{r}" for r in range(2)], remove=True)
     hvd.barrier()
     assert hvd.remove_process_set(pair)

@@ -1,10 +1,8 @@
 """init/shutdown: errors on misuse, re-initialisation, shutdown by one rank."""
 
-import time
-
 import numpy as np
 
-from core_cases import assert_equal, expect_raises
+from core_cases import assert_equal, expect_raises, leave_mark, shared_dir, wait_for_marks
 
 
 def case_second_init_is_an_error(hvd):
@@ -27,11 +25,16 @@ def case_op_after_shutdown_is_a_clear_error_and_init_again_works(hvd):
 
 def case_shutdown_by_one_rank_fails_the_others_pending_ops(hvd):
     last = hvd.size() - 1
+    marks = shared_dir(hvd, "orphans")
     if hvd.rank() == last:
-        time.sleep(0.2)
+        # Once the others' operations are pending, not after a time: one
+        # submitted after the shutdown (a loaded machine may run a rank that
+        # late) raises at its submission, as it should, not in synchronize.
+        wait_for_marks(marks, [f"submitted.{r}" for r in range(last)], remove=True)
         hvd.shutdown()
     else:
         h = hvd.allreduce_async(np.ones(2), name="orphan")
+        leave_mark(marks, f"submitted.{hvd.rank()}")
         exc = expect_raises(hvd.ShutdownError, hvd.synchronize, h)
         assert f"rank {last} called shutdown(); its program is done" in str(exc), str(exc)
         assert exc.peer_finished  # an elastic job cannot re-form past it

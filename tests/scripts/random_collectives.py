@@ -41,10 +41,12 @@ every rank (else they would wait for each other), and only how the threads
 interleave differs.
 
 With STOP=RANK,STEP,K,RESUME that rank stops (SIGSTOP) after submitting K
-of its operations of step STEP, and is continued RESUME seconds later. Every
-rank then prints what stopped it, `RANK r: <ExceptionType>: <message>`
-(run with short stall times), stays until the stopped rank has had its say,
-and shuts down.
+of its operations of step STEP, and is continued by the others once each has
+printed what stopped it, `RANK r: <ExceptionType>: <message>` (run with
+short stall times), or RESUME seconds later at the latest (not after a time
+alone: a loaded machine may run the others' stall checks seconds late, and
+the stopped rank would then be back before they failed). Every rank stays
+until the stopped rank has had its say too, and shuts down.
 
 With FAKE_GPU=1 every tensor is a "CUDA" array of tests/gpu_fakes.py (host
 memory behind `__cuda_array_interface__`), so the operations take the NCCL
@@ -63,6 +65,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -97,6 +100,11 @@ if FAKE_GPU:
                                 float(os.environ.get("FAKE_GPU_LATENCY", "0")) or None)
 hvd.init(process_sets=[SETS["pair"], SETS["tail"]])
 ME = hvd.rank()
+if STOP:  # where the ranks leave marks for each other (the tests give a directory
+    # they remove; by hand, one in /tmp), and whom to continue
+    MARKS = os.environ.get("STOP_MARKS") or hvd.broadcast_object(
+        tempfile.mkdtemp(prefix="random-stop-") if ME == 0 else None, name="stop.marks")
+    PIDS = hvd.allgather_object(os.getpid(), name="stop.pids")
 
 
 def to_device(tensor):
@@ -364,11 +372,41 @@ def change_sets(rng, step, drawn):
             SETS[f"dyn{step}"] = hvd.add_process_set(ranks)
 
 
+RESUMER = ("import os, signal, sys, time\n"
+           "time.sleep(float(sys.argv[1]))\n"
+           "os.kill(int(sys.argv[2]), signal.SIGCONT)\n")
+
+
 def stop_here(resume):
-    """Stops this process now; a child continues it `resume` seconds later."""
-    subprocess.Popen(["sh", "-c", f"sleep {resume}; kill -CONT {os.getpid()}"])
+    """Stops this process now, until the others continue it (once they have
+    failed: said_and_continue), or a child `resume` seconds later."""
+    resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(resume), str(os.getpid())])
     print(f"RANK {ME}: stopping", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
+    resumer.kill()  # continued: the child has nothing left to do
+    resumer.wait()
+
+
+def leave_mark(what):
+    with open(os.path.join(MARKS, what), "w"):
+        pass
+
+
+def wait_for_marks(marks, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(MARKS, m)) for m in marks):
+        time.sleep(0.05)
+
+
+def said_and_continue(victim):
+    """This rank has said what stopped it: once every rank but the stopped
+    one has, continues it (each does: once is enough), then waits until it
+    has had its say too."""
+    leave_mark(f"said.{ME}")
+    wait_for_marks([f"said.{r}" for r in range(SIZE) if r != victim], STOP[3] + 4)
+    os.kill(PIDS[victim], signal.SIGCONT)
+    wait_for_marks(["said.victim"], STOP[3] + 4)
 
 
 def run_step(step):
@@ -436,7 +474,9 @@ except hvd.HorovodInternalError as exc:
         raise
     print(f"RANK {ME}: {type(exc).__name__}: {exc}", flush=True)
     if ME != int(STOP[0]):
-        time.sleep(STOP[3] + 4)  # the stopped rank, once continued, has its say
+        said_and_continue(int(STOP[0]))  # the stopped rank, once continued, has its say
+    else:
+        leave_mark("said.victim")
     hvd.shutdown()
     sys.exit(0)
 hvd.shutdown()

@@ -1,7 +1,11 @@
 """One rank is stopped (SIGSTOP) in the middle of training and continued
-(SIGCONT) RESUME seconds later. Run with HOROVOD_STALL_CHECK_TIME_SECONDS=2
-and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=5. Every rank prints what its
-training loop saw: `RANK r: <ExceptionType> after <seconds> s: <message>`.
+(SIGCONT) once every other rank has printed what it saw, or RESUME seconds
+later at the latest (the others never saw anything). Not after a time
+alone: a loaded machine may run the others' checks seconds late, and the
+victim would then be back before they failed. Run with
+HOROVOD_STALL_CHECK_TIME_SECONDS=2 and HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=5.
+Every rank prints what its training loop saw:
+`RANK r: <ExceptionType> after <seconds> s: <message>`.
 
 Modes:
   collective  the victim stops inside the coordinator, just as it starts a
@@ -11,9 +15,10 @@ Modes:
               the others wait in the negotiation cycle;
   shutdown    the victim stops itself between two steps, and once it is
               stopped the others call shutdown(), whose barrier it can never
-              join: each prints `RANK r: shut down after <seconds> s`, and the
-              victim, once continued, what its next allreduce saw. The
-              shutdown deadline is cut to SHUTDOWN_DEADLINE seconds here.
+              join: each prints `RANK r: shut down after <seconds> s` (and
+              whether its background thread has ended), and the victim,
+              once continued, what its next allreduce saw. The shutdown
+              deadline is cut to SHUTDOWN_DEADLINE seconds here.
 """
 
 import os
@@ -30,20 +35,38 @@ from coordinator import background, runtime
 
 MODE = sys.argv[1]
 VICTIM = int(sys.argv[2])
-RESUME = float(sys.argv[3]) if len(sys.argv) > 3 else 8.0
+RESUME = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
 STOP_AT = 20
 # After a fatal error the others stay before exiting (which ends the job)
 # until the stopped rank, once continued, has reported what it saw (it
 # leaves a file saying so), or LINGER seconds at most.
 LINGER = RESUME + 4
 SHUTDOWN_DEADLINE = 3.0
+RESUMER = ("import os, signal, sys, time\n"
+           "time.sleep(float(sys.argv[1]))\n"
+           "os.kill(int(sys.argv[2]), signal.SIGCONT)\n")
 
 
-def stop_me_later_resume():
-    """Stops this process now; a child continues it RESUME seconds later."""
-    subprocess.Popen(["sh", "-c", f"sleep {RESUME}; kill -CONT {os.getpid()}"])
+def stop_me():
+    """Stops this process now, until the others continue it (continue_victim),
+    or a child RESUME seconds later at the latest."""
+    resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(RESUME), str(os.getpid())])
     print(f"RANK {hvd.rank()}: stopping at {time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
+    resumer.kill()  # continued: the child has nothing left to do
+    resumer.wait()
+
+
+def continue_victim():
+    """Once every rank but the victim has printed what it saw, continues the
+    victim (each of them does: once is enough), or after LINGER seconds."""
+    with open(os.path.join(REPORTS, f"other.{me}"), "w"):
+        pass
+    others = [os.path.join(REPORTS, f"other.{r}") for r in range(len(pids)) if r != VICTIM]
+    deadline = time.monotonic() + LINGER
+    while time.monotonic() < deadline and not all(map(os.path.exists, others)):
+        time.sleep(0.05)
+    os.kill(int(pids[VICTIM]), signal.SIGCONT)
 
 
 class StopInCollective:
@@ -57,7 +80,7 @@ class StopInCollective:
     def run(self, *args, **kwargs):
         self.count += 1
         if self.count == STOP_AT:
-            stop_me_later_resume()
+            stop_me()
         return self.ops.run(*args, **kwargs)
 
 
@@ -82,9 +105,15 @@ def stopped(pid):
 def shut_down_beside_a_stopped_rank(pids):
     while not stopped(pids[VICTIM]):
         time.sleep(0.01)
+    bg = runtime.current().background
     start = time.monotonic()
     hvd.shutdown()
-    print(f"RANK {me}: shut down after {time.monotonic() - start:.1f} s", flush=True)
+    # Whether its thread ended: where shutdown() gave up on joining it (its
+    # last resort), it still runs. (The victim, stopped until
+    # continue_victim below, cannot have been what let it end.)
+    print(f"RANK {me}: shut down after {time.monotonic() - start:.1f} s, its thread "
+          f"{'still runs' if bg.thread.is_alive() else 'ended'}", flush=True)
+    continue_victim()
     linger()  # the victim, continued, reports before the job ends
     sys.exit(0)
 
@@ -94,16 +123,16 @@ me = hvd.rank()
 # (The tests give a directory they remove; by hand, one in /tmp.)
 REPORTS = os.environ.get("REPORTS_DIR") or hvd.broadcast_object(
     tempfile.mkdtemp(prefix="stopped-rank-") if me == 0 else None, name="reports")
+pids = hvd.allgather(np.array([os.getpid()], np.int64), name="pids")
 if MODE == "shutdown":
     background.SHUTDOWN_TIMEOUT = SHUTDOWN_DEADLINE
-    pids = hvd.allgather(np.array([os.getpid()], np.int64), name="pids")
 if MODE == "collective" and me == VICTIM:
     bg = runtime.current().background
     bg.ops = StopInCollective(bg.ops)
 start = None
 for step in range(200):
     if MODE in ("between", "shutdown") and me == VICTIM and step == STOP_AT:
-        stop_me_later_resume()
+        stop_me()
     if MODE == "shutdown" and me != VICTIM and step == STOP_AT:
         shut_down_beside_a_stopped_rank(pids)
     start = time.monotonic()
@@ -118,6 +147,7 @@ for step in range(200):
         if me == VICTIM:
             reported()
         else:
+            continue_victim()
             linger()
         break
     time.sleep(0.002)

@@ -2,7 +2,7 @@
 
     timeline_job.py MODE OUT [STEPS]
 
-MODE: "straggler" (rank 1 is 40 ms late with 'grad.late' every step),
+MODE: "straggler" (rank 1 is 250 ms late with 'grad.late' every step),
 "sigkill" (rank 0 kills itself mid-run), "runtime" (start/stop_timeline at
 run time, twice)."""
 
@@ -27,7 +27,10 @@ def step(i):
                hvd.allreduce_async(np.ones(5, np.float64), name="grad.other"),
                hvd.broadcast_async(np.arange(3, dtype=np.int32), root_rank=0, name="params")]
     if mode == "straggler" and rank == 1:
-        time.sleep(0.04)
+        # Late by more than a loaded machine holds up a rank now and then:
+        # with 40 ms, a rank held up that long before another tensor would
+        # make that tensor the worst stall.
+        time.sleep(0.25)
     handles.append(hvd.allreduce_async(np.ones(7, np.float32), name="grad.late"))
     for h in handles:
         hvd.synchronize(h)
