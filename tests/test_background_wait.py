@@ -30,7 +30,7 @@ def test_handle_table_counts_the_threads_blocked_in_wait():
     entries = [Entry("a", 1), Entry("b", 1)]
     handle = table.add(entries)
     results = []
-    waiter = threading.Thread(target=lambda: results.append(table.wait(handle)))
+    waiter = threading.Thread(target=lambda: results.append(table.wait(handle)), daemon=True)
     waiter.start()
     _wait_until(lambda: table.waiting == 1)
     entries[0].finish("x")
@@ -66,7 +66,7 @@ def _submit_and_wait(table, name):
     (its entry, the thread), once it waits."""
     entry = Entry(name, 1)
     waiting = table.waiting
-    thread = threading.Thread(target=lambda: table.wait(table.add(entry)))
+    thread = threading.Thread(target=lambda: table.wait(table.add(entry)), daemon=True)
     thread.start()
     _wait_until(lambda: table.waiting == waiting + 1)
     return entry, thread
@@ -90,10 +90,10 @@ def test_blocked_seconds_counts_only_while_every_live_submitter_waits():
         go.wait(10)
         table.wait(handles["other"])
 
-    helper = threading.Thread(target=other)
+    helper = threading.Thread(target=other, daemon=True)
     helper.start()
     _wait_until(lambda: "other" in handles)
-    waiter = threading.Thread(target=lambda: table.wait(main_handle))
+    waiter = threading.Thread(target=lambda: table.wait(main_handle), daemon=True)
     waiter.start()  # waits on this thread's handle; this thread still runs
     _wait_until(lambda: table.waiting == 1)
     assert table.blocked_seconds() == 0.0
@@ -106,7 +106,7 @@ def test_blocked_seconds_counts_only_while_every_live_submitter_waits():
     helper.join(10)
     # A thread that submitted and ended does not count; one that waits does.
     solo = HandleTable()
-    ender = threading.Thread(target=lambda: solo.add(Entry("short", 1)))
+    ender = threading.Thread(target=lambda: solo.add(Entry("short", 1)), daemon=True)
     ender.start()
     ender.join(10)
     before = time.monotonic()
@@ -169,7 +169,7 @@ def test_a_thread_inside_a_framework_runtime_counts_as_quiet_since_its_last_subm
         started.set()
         namespace["run"](release)
 
-    runner = threading.Thread(target=caller)
+    runner = threading.Thread(target=caller, daemon=True)
     runner.start()
     assert started.wait(10)
     submitted = time.monotonic()  # after the caller's submission, before the wait's
@@ -197,7 +197,7 @@ def test_threads_that_submitted_and_ended_are_forgotten():
 
     table = HandleTable()
     for i in range(5 * handles.PRUNE_SUBMITTERS):
-        t = threading.Thread(target=lambda: table.add(Entry("once", 1)))
+        t = threading.Thread(target=lambda: table.add(Entry("once", 1)), daemon=True)
         t.start()
         t.join(10)
     assert len(table._submitters) <= handles.PRUNE_SUBMITTERS + 1
@@ -446,7 +446,7 @@ def test_a_thread_about_to_block_in_wait_calls_on_block_once_and_only_then():
     assert calls == []  # nothing to wait for: no flush
     pending = [Entry("a", 1), Entry("b", 1)]
     handle = table.add(pending)
-    waiter = threading.Thread(target=table.wait, args=(handle,))
+    waiter = threading.Thread(target=table.wait, args=(handle,), daemon=True)
     waiter.start()
     _wait_until(lambda: table.waiting == 1)
     for e in pending:
@@ -485,7 +485,7 @@ def test_a_thread_that_waits_releases_the_hold_on_what_was_pushed():
     queue.drain()
     state.fast["grad"] = e
     assert hold(state, 1.0)
-    waiter = threading.Thread(target=table.wait, args=(table.add(e),))
+    waiter = threading.Thread(target=table.wait, args=(table.add(e),), daemon=True)
     waiter.start()
     _wait_until(lambda: table.waiting == 1)
     assert not hold(state, 1.0)
@@ -538,7 +538,7 @@ def test_wake_ups_from_many_threads_never_break_the_waiter():
 
     before = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
-    threads = [threading.Thread(target=setter) for _ in range(3)]
+    threads = [threading.Thread(target=setter, daemon=True) for _ in range(3)]
     try:
         for t in threads:
             t.start()
