@@ -233,12 +233,13 @@ def test_a_rank_stopped_before_a_new_sets_first_operation_is_named_not_its_peers
     """Making a set's communicator blocks until every member makes it; rank
     0 makes it in a helper thread, so its coordinator keeps answering while
     rank 1 is stopped: rank 0 names rank 1 and what it holds up, nobody
-    names rank 0, and all finish once rank 1 runs again. Before, rank 0's
+    names rank 0, and all finish once rank 1 runs again (rank 0 continues it
+    once it has warned). Before, rank 0's
     background thread sat in MPI_Comm_create_group, and rank 2 warned that
     rank 0 (the coordinator) had stopped answering. (The communicator is
     made as the set is added since bb4b04b, so rank 1 now stops after it
     is made, with rank 0 inside the set's allreduce.)"""
-    proc = mpirun(["tests/scripts/stopped_in_new_set.py", "8"], np_=3,
+    proc = mpirun(["tests/scripts/stopped_in_new_set.py"], np_=3,
                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2"}, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -256,11 +257,12 @@ def test_a_rank_stopped_joining_an_nccl_communicator_is_named_not_its_peers(wher
     members first wait for each other without blocking (a barrier beside
     the unique id's broadcast), then join in a helper thread, so while rank
     1 is stopped just before the join or inside it, rank 0 names it, nobody
-    names rank 0, and all finish once rank 1 runs again. Before, ranks 0
+    names rank 0, and all finish once rank 1 runs again (rank 0 continues it
+    once it has warned). Before, ranks 0
     and 2 joined in the background thread, which sat there, and no stall
     check ran. On the fake NCCL of tests/gpu_fakes.py, whose join is a
     barrier as NCCL's is."""
-    proc = mpirun(["tests/scripts/stopped_before_nccl.py", where, "8"], np_=3,
+    proc = mpirun(["tests/scripts/stopped_before_nccl.py", where], np_=3,
                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2"}, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

@@ -1,5 +1,7 @@
 """Rank 1 is stopped (SIGSTOP) as it joins the NCCL communicator of the
-job's first device operation, and continued RESUME seconds later: `before`
+job's first device operation, and continued by rank 0 once it has warned
+that rank 1 has not answered (or RESUME seconds later at the latest: not
+after a time alone, which a loaded machine could pass first): `before`
 (after the device lanes' MPI communicator is made, before the unique id is
 shared) or `inside` the join itself (the others have joined already and wait
 there for it). On a machine without a GPU: the fake CuPy and NCCL of
@@ -12,6 +14,7 @@ allreduce is through.
     mpirun -n 3 python tests/scripts/stopped_before_nccl.py before|inside [RESUME]
 """
 
+import logging
 import os
 import signal
 import subprocess
@@ -30,21 +33,42 @@ from coordinator import gpu  # noqa: E402
 from coordinator.ops import mpi_ops  # noqa: E402
 
 WHERE = sys.argv[1]
-RESUME = float(sys.argv[2]) if len(sys.argv) > 2 else 8.0
+RESUME = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+# (one process: a shell's `sleep` would outlive its killed shell, and hold
+# the job's output open until it ends)
+RESUMER = ("import os, signal, sys, time\n"
+           "time.sleep(float(sys.argv[1]))\n"
+           "os.kill(int(sys.argv[2]), signal.SIGCONT)\n")
 
 me = MPI.COMM_WORLD.rank
+pids = MPI.COMM_WORLD.allgather(os.getpid())
 scratch = tempfile.mkdtemp(prefix=f"host-kernels-{me}-")
 nccl = gpu_fakes.FakeNccl(MPI.COMM_WORLD.Dup())
 gpu._modules["cupy"] = gpu_fakes.fake_cupy(nccl, gpu_fakes.HostKernels(scratch))
 
 
 def stop():
-    subprocess.Popen(["sh", "-c", f"sleep {RESUME}; kill -CONT {os.getpid()}"])
+    resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(RESUME), str(os.getpid())])
     print(f"RANK {me}: stopping {WHERE} the join at {time.time():.3f}", flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(0.5)  # the stop can land a moment after kill() returns
+    resumer.kill()  # continued (by rank 0): the job would wait for the child
+    resumer.wait()
 
 
+class ContinueOnWarning(logging.Handler):
+    """On rank 0: continues rank 1 once the coordinator has warned about it."""
+
+    def emit(self, record):
+        if "rank 1 has not answered" in record.getMessage():
+            try:
+                os.kill(pids[1], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+if me == 0:
+    logging.getLogger("coordinator").addHandler(ContinueOnWarning())
 if me == 1 and WHERE == "before":
     share_on = mpi_ops.Communicators.share_on
 
