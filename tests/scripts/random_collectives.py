@@ -63,7 +63,6 @@ Usage: mpirun -n N python random_collectives.py SEED STEPS (N >= 3)
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -72,7 +71,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import coordinator as hvd
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import stopping  # noqa: E402
+
+import coordinator as hvd  # noqa: E402
 
 SEED, STEPS = int(sys.argv[1]), int(sys.argv[2])
 BAD_INPUT = float(os.environ.get("BAD_INPUT", "0"))
@@ -92,7 +94,6 @@ SIZE = MPI.COMM_WORLD.size
 SETS = {"global": hvd.global_process_set, "pair": hvd.ProcessSet([0, 1]),
         "tail": hvd.ProcessSet([SIZE - 2, SIZE - 1])}
 if FAKE_GPU:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import gpu_fakes
 
     # FAKE_GPU_LATENCY=S: each NCCL call keeps its stream busy S seconds
@@ -372,19 +373,11 @@ def change_sets(rng, step, drawn):
             SETS[f"dyn{step}"] = hvd.add_process_set(ranks)
 
 
-RESUMER = ("import os, signal, sys, time\n"
-           "time.sleep(float(sys.argv[1]))\n"
-           "os.kill(int(sys.argv[2]), signal.SIGCONT)\n")
-
-
 def stop_here(resume):
     """Stops this process now, until the others continue it (once they have
     failed: said_and_continue), or a child `resume` seconds later."""
-    resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(resume), str(os.getpid())])
     print(f"RANK {ME}: stopping", flush=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
-    resumer.kill()  # continued: the child has nothing left to do
-    resumer.wait()
+    stopping.stop_self(resume)
 
 
 def leave_mark(what):

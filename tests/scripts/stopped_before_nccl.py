@@ -14,10 +14,7 @@ allreduce is through.
     mpirun -n 3 python tests/scripts/stopped_before_nccl.py before|inside [RESUME]
 """
 
-import logging
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +24,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gpu_fakes  # noqa: E402
+import stopping  # noqa: E402
 
 import coordinator as hvd  # noqa: E402
 from coordinator import gpu  # noqa: E402
@@ -34,11 +32,6 @@ from coordinator.ops import mpi_ops  # noqa: E402
 
 WHERE = sys.argv[1]
 RESUME = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
-# (one process: a shell's `sleep` would outlive its killed shell, and hold
-# the job's output open until it ends)
-RESUMER = ("import os, signal, sys, time\n"
-           "time.sleep(float(sys.argv[1]))\n"
-           "os.kill(int(sys.argv[2]), signal.SIGCONT)\n")
 
 me = MPI.COMM_WORLD.rank
 pids = MPI.COMM_WORLD.allgather(os.getpid())
@@ -48,27 +41,12 @@ gpu._modules["cupy"] = gpu_fakes.fake_cupy(nccl, gpu_fakes.HostKernels(scratch))
 
 
 def stop():
-    resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(RESUME), str(os.getpid())])
     print(f"RANK {me}: stopping {WHERE} the join at {time.time():.3f}", flush=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
-    time.sleep(0.5)  # the stop can land a moment after kill() returns
-    resumer.kill()  # continued (by rank 0): the job would wait for the child
-    resumer.wait()
-
-
-class ContinueOnWarning(logging.Handler):
-    """On rank 0: continues rank 1 once the coordinator has warned about it."""
-
-    def emit(self, record):
-        if "rank 1 has not answered" in record.getMessage():
-            try:
-                os.kill(pids[1], signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+    stopping.stop_self(RESUME, settle=0.5)
 
 
 if me == 0:
-    logging.getLogger("coordinator").addHandler(ContinueOnWarning())
+    stopping.continue_on_warning(1, pids[1])
 if me == 1 and WHERE == "before":
     share_on = mpi_ops.Communicators.share_on
 

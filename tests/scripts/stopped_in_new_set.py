@@ -9,24 +9,19 @@ set's first operation, where rank 1 stopped before making it), so its
 coordinator keeps answering: rank 0 names rank 1, and nobody names rank 0.
 Every rank prints `RANK r: done` once both allreduces are through."""
 
-import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-import coordinator as hvd
-from coordinator import runtime
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import stopping  # noqa: E402
+
+import coordinator as hvd  # noqa: E402
+from coordinator import runtime  # noqa: E402
 
 RESUME = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
-# (one process: a shell's `sleep` would outlive its killed shell, and hold
-# the job's output open until it ends)
-RESUMER = ("import os, signal, sys, time\n"
-           "time.sleep(float(sys.argv[1]))\n"
-           "os.kill(int(sys.argv[2]), signal.SIGCONT)\n")
 
 hvd.init(process_sets="dynamic")
 me = hvd.rank()
@@ -34,19 +29,8 @@ pids = hvd.allgather(np.array([os.getpid()], np.int64), name="pids")
 pair = hvd.add_process_set([0, 1])
 
 
-class ContinueOnWarning(logging.Handler):
-    """On rank 0: continues rank 1 once the coordinator has warned about it."""
-
-    def emit(self, record):
-        if "rank 1 has not answered" in record.getMessage():
-            try:
-                os.kill(int(pids[1]), signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-
-
 if me == 0:
-    logging.getLogger("coordinator").addHandler(ContinueOnWarning())
+    stopping.continue_on_warning(1, int(pids[1]))
 
 
 class StopAtTheSet:
@@ -62,16 +46,11 @@ class StopAtTheSet:
     def run(self, response, *args, **kwargs):
         if response.process_set_id == pair.process_set_id:
             runtime.current().background.ops = self.ops  # once
-            resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(RESUME),
-                                        str(os.getpid())])
             print(f"RANK {me}: stopping at {time.time():.3f}", flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP)
             # The process stops as each thread next enters the kernel, this
             # one possibly after posting its part (seen once the set's
-            # communicator was made before): it waits here until it has.
-            time.sleep(1.0)
-            resumer.kill()  # continued (by rank 0): the job would wait for the child
-            resumer.wait()
+            # communicator was made before): it waits (settles) until it has.
+            stopping.stop_self(RESUME, settle=1.0)
         return self.ops.run(response, *args, **kwargs)
 
 

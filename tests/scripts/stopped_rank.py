@@ -23,15 +23,17 @@ Modes:
 
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-import coordinator as hvd
-from coordinator import background, runtime
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import stopping  # noqa: E402
+
+import coordinator as hvd  # noqa: E402
+from coordinator import background, runtime  # noqa: E402
 
 MODE = sys.argv[1]
 VICTIM = int(sys.argv[2])
@@ -42,19 +44,13 @@ STOP_AT = 20
 # leaves a file saying so), or LINGER seconds at most.
 LINGER = RESUME + 4
 SHUTDOWN_DEADLINE = 3.0
-RESUMER = ("import os, signal, sys, time\n"
-           "time.sleep(float(sys.argv[1]))\n"
-           "os.kill(int(sys.argv[2]), signal.SIGCONT)\n")
 
 
 def stop_me():
     """Stops this process now, until the others continue it (continue_victim),
     or a child RESUME seconds later at the latest."""
-    resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(RESUME), str(os.getpid())])
     print(f"RANK {hvd.rank()}: stopping at {time.time():.3f}", flush=True)
-    os.kill(os.getpid(), signal.SIGSTOP)
-    resumer.kill()  # continued: the child has nothing left to do
-    resumer.wait()
+    stopping.stop_self(RESUME)
 
 
 def continue_victim():

@@ -1,0 +1,48 @@
+"""A rank stopping itself (SIGSTOP) in the scripts of tests/scripts, and
+being continued once the others have seen what they should, rather than
+after a time alone (which a loaded machine could pass first)."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+# One process: a shell's `sleep` would outlive its killed shell, and hold
+# the job's output open until it ends.
+_RESUMER = ("import os, signal, sys, time\n"
+            "time.sleep(float(sys.argv[1]))\n"
+            "os.kill(int(sys.argv[2]), signal.SIGCONT)\n")
+
+
+def stop_self(resume, settle=0.0):
+    """Stops this process now, until another continues it, or a child
+    `resume` seconds later at the latest. Once continued it sleeps `settle`
+    seconds (the stop lands on each thread as it next enters the kernel,
+    possibly a moment after kill() returns), then ends the child: the job
+    would wait for it."""
+    resumer = subprocess.Popen([sys.executable, "-c", _RESUMER, str(resume), str(os.getpid())])
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(settle)
+    resumer.kill()
+    resumer.wait()
+
+
+class _ContinueOnWarning(logging.Handler):
+    def __init__(self, rank, pid):
+        super().__init__()
+        self.text, self.pid = f"rank {rank} has not answered", pid
+
+    def emit(self, record):
+        if self.text in record.getMessage():
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def continue_on_warning(rank, pid):
+    """Continues process `pid` once this rank's coordinator has warned that
+    `rank` has not answered (rank 0's watchdog warns)."""
+    logging.getLogger("coordinator").addHandler(_ContinueOnWarning(rank, pid))
