@@ -10,6 +10,7 @@ import tempfile
 import time
 
 import numpy as np
+from peers import marked
 
 try:
     import ml_dtypes
@@ -83,19 +84,10 @@ def shared_dir(hvd, name):
     return hvd.broadcast_object(made, name=f"{name}.dir")
 
 
-def leave_mark(directory, what):
-    with open(os.path.join(directory, what + ".tmp"), "w"):
-        pass
-    os.rename(os.path.join(directory, what + ".tmp"), os.path.join(directory, what))
-
-
 def wait_for_marks(directory, marks, remove=False):
     """Waits until every mark in `marks` is in `directory` (leave_mark);
     removes the directory after, if asked (its last reader)."""
-    deadline = time.monotonic() + WAIT
-    while not all(os.path.exists(os.path.join(directory, m)) for m in marks):
-        assert time.monotonic() < deadline, (sorted(os.listdir(directory)), marks)
-        time.sleep(0.01)
+    assert marked(directory, marks, WAIT), (sorted(os.listdir(directory)), marks)
     if remove:
         shutil.rmtree(directory, ignore_errors=True)
 

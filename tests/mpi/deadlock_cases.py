@@ -8,7 +8,8 @@ import time
 
 import numpy as np
 
-from core_cases import assert_equal, expect_raises, leave_mark, shared_dir, wait_for_marks
+from core_cases import assert_equal, expect_raises, shared_dir, wait_for_marks
+from peers import leave_mark
 
 
 def setup(hvd):

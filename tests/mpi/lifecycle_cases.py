@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from core_cases import assert_equal, expect_raises, leave_mark, shared_dir, wait_for_marks
+from core_cases import assert_equal, expect_raises, shared_dir, wait_for_marks
+from peers import leave_mark
 
 
 def case_second_init_is_an_error(hvd):

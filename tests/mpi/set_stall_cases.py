@@ -5,12 +5,13 @@ negotiated outside the rounds, and a member that submits an operation after
 it failed owes it there: it gets the error the others got, at once, and
 stays in step with them.
 
-Ranks wait for each other's marks (core_cases.leave_mark) where they used to
+Ranks wait for each other's marks (peers.leave_mark) where they used to
 sleep past a time: a loaded machine may run any of them seconds late."""
 
 import numpy as np
 
-from core_cases import assert_equal, leave_mark, shared_dir, wait_for_marks
+from core_cases import assert_equal, shared_dir, wait_for_marks
+from peers import leave_mark
 
 PAIR = None  # ranks 0 and 1
 

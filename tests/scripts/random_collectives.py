@@ -66,13 +66,12 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import stopping  # noqa: E402
+import peers  # noqa: E402
 
 import coordinator as hvd  # noqa: E402
 
@@ -377,29 +376,17 @@ def stop_here(resume):
     """Stops this process now, until the others continue it (once they have
     failed: said_and_continue), or a child `resume` seconds later."""
     print(f"RANK {ME}: stopping", flush=True)
-    stopping.stop_self(resume)
-
-
-def leave_mark(what):
-    with open(os.path.join(MARKS, what), "w"):
-        pass
-
-
-def wait_for_marks(marks, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not all(
-            os.path.exists(os.path.join(MARKS, m)) for m in marks):
-        time.sleep(0.05)
+    peers.stop_self(resume)
 
 
 def said_and_continue(victim):
     """This rank has said what stopped it: once every rank but the stopped
     one has, continues it (each does: once is enough), then waits until it
     has had its say too."""
-    leave_mark(f"said.{ME}")
-    wait_for_marks([f"said.{r}" for r in range(SIZE) if r != victim], STOP[3] + 4)
+    peers.leave_mark(MARKS, f"said.{ME}")
+    peers.marked(MARKS, [f"said.{r}" for r in range(SIZE) if r != victim], STOP[3] + 4)
     os.kill(PIDS[victim], signal.SIGCONT)
-    wait_for_marks(["said.victim"], STOP[3] + 4)
+    peers.marked(MARKS, ["said.victim"], STOP[3] + 4)
 
 
 def run_step(step):
@@ -469,7 +456,7 @@ except hvd.HorovodInternalError as exc:
     if ME != int(STOP[0]):
         said_and_continue(int(STOP[0]))  # the stopped rank, once continued, has its say
     else:
-        leave_mark("said.victim")
+        peers.leave_mark(MARKS, "said.victim")
     hvd.shutdown()
     sys.exit(0)
 hvd.shutdown()

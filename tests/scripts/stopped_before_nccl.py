@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gpu_fakes  # noqa: E402
-import stopping  # noqa: E402
+import peers  # noqa: E402
 
 import coordinator as hvd  # noqa: E402
 from coordinator import gpu  # noqa: E402
@@ -42,11 +42,11 @@ gpu._modules["cupy"] = gpu_fakes.fake_cupy(nccl, gpu_fakes.HostKernels(scratch))
 
 def stop():
     print(f"RANK {me}: stopping {WHERE} the join at {time.time():.3f}", flush=True)
-    stopping.stop_self(RESUME, settle=0.5)
+    peers.stop_self(RESUME, settle=0.5)
 
 
 if me == 0:
-    stopping.continue_on_warning(1, pids[1])
+    peers.continue_on_warning(1, pids[1])
 if me == 1 and WHERE == "before":
     share_on = mpi_ops.Communicators.share_on
 

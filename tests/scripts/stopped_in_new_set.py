@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import stopping  # noqa: E402
+import peers  # noqa: E402
 
 import coordinator as hvd  # noqa: E402
 from coordinator import runtime  # noqa: E402
@@ -30,7 +30,7 @@ pair = hvd.add_process_set([0, 1])
 
 
 if me == 0:
-    stopping.continue_on_warning(1, int(pids[1]))
+    peers.continue_on_warning(1, int(pids[1]))
 
 
 class StopAtTheSet:
@@ -50,7 +50,7 @@ class StopAtTheSet:
             # The process stops as each thread next enters the kernel, this
             # one possibly after posting its part (seen once the set's
             # communicator was made before): it waits (settles) until it has.
-            stopping.stop_self(RESUME, settle=1.0)
+            peers.stop_self(RESUME, settle=1.0)
         return self.ops.run(response, *args, **kwargs)
 
 

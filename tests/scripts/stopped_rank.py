@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import stopping  # noqa: E402
+import peers  # noqa: E402
 
 import coordinator as hvd  # noqa: E402
 from coordinator import background, runtime  # noqa: E402
@@ -50,18 +50,14 @@ def stop_me():
     """Stops this process now, until the others continue it (continue_victim),
     or a child RESUME seconds later at the latest."""
     print(f"RANK {hvd.rank()}: stopping at {time.time():.3f}", flush=True)
-    stopping.stop_self(RESUME)
+    peers.stop_self(RESUME)
 
 
 def continue_victim():
     """Once every rank but the victim has printed what it saw, continues the
     victim (each of them does: once is enough), or after LINGER seconds."""
-    with open(os.path.join(REPORTS, f"other.{me}"), "w"):
-        pass
-    others = [os.path.join(REPORTS, f"other.{r}") for r in range(len(pids)) if r != VICTIM]
-    deadline = time.monotonic() + LINGER
-    while time.monotonic() < deadline and not all(map(os.path.exists, others)):
-        time.sleep(0.05)
+    peers.leave_mark(REPORTS, f"other.{me}")
+    peers.marked(REPORTS, [f"other.{r}" for r in range(len(pids)) if r != VICTIM], LINGER)
     os.kill(int(pids[VICTIM]), signal.SIGCONT)
 
 

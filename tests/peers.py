@@ -1,6 +1,8 @@
-"""A rank stopping itself (SIGSTOP) in the scripts of tests/scripts, and
-being continued once the others have seen what they should, rather than
-after a time alone (which a loaded machine could pass first)."""
+"""What the ranks of a test job do to each other outside the coordinator: a
+rank stops itself (SIGSTOP) and is continued once the others have seen
+what they should, and ranks leave marks in a shared directory for each
+other to wait for, rather than sleeping for a time (which a loaded machine
+could pass first, or not reach)."""
 
 import logging
 import os
@@ -46,3 +48,21 @@ def continue_on_warning(rank, pid):
     """Continues process `pid` once this rank's coordinator has warned that
     `rank` has not answered (rank 0's watchdog warns)."""
     logging.getLogger("coordinator").addHandler(_ContinueOnWarning(rank, pid))
+
+
+def leave_mark(directory, what):
+    """Leaves the mark `what` in `directory`, whole (made, then renamed)."""
+    with open(os.path.join(directory, what + ".tmp"), "w"):
+        pass
+    os.rename(os.path.join(directory, what + ".tmp"), os.path.join(directory, what))
+
+
+def marked(directory, marks, seconds):
+    """Waits until every mark in `marks` is in `directory`, `seconds` at
+    most; whether they all came."""
+    deadline = time.monotonic() + seconds
+    while not all(os.path.exists(os.path.join(directory, m)) for m in marks):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
