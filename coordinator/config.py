@@ -115,6 +115,12 @@ class Config:
     # collectives in different orders), those operations fail with a
     # StallError naming each rank's wait. 0: wait (and warn), as Horovod does.
     deadlock_time: float = 120.0
+    # HOROVOD_START_TIMEOUT: how long init() waits in MPI_Init for the job's
+    # other ranks to start MPI. MPI_Init cannot be interrupted, so past it a
+    # watcher process ends the rank, saying which ranks of its host are late
+    # (coordinator/start_watch.py). Horovod's launcher gives 30 s to start
+    # the processes; this also covers a program's work before init(). 0: wait.
+    start_time: float = 120.0
     # COORDINATOR_EXIT_AFTER_ERROR_SECONDS: a rank leaving after an uncaught
     # exception ends itself (SIGALRM) if exiting takes longer than this:
     # MPI_Finalize waits for every rank, and one blocked in an MPI call of
@@ -191,6 +197,7 @@ class Config:
                                      cls.silent_rank_time, float, 0.0),
             deadlock_time=_number(env, "COORDINATOR_DEADLOCK_SECONDS",
                                   cls.deadlock_time, float, 0.0),
+            start_time=_number(env, "HOROVOD_START_TIMEOUT", cls.start_time, float, 0.0),
             exit_after_error_time=_number(env, "COORDINATOR_EXIT_AFTER_ERROR_SECONDS",
                                           cls.exit_after_error_time, float, 0.0),
             log_level=level,

@@ -222,8 +222,10 @@ def _add_elastic_flags(p):
 def _add_horovodrun_flags(p):
     g = p.add_argument_group("more horovodrun flags")
     g.add_argument("--start-timeout", type=_checked(float, 1.0), metavar="S",
-                   help="how long the workers have to start and check in with an "
-                        "elastic job's driver (default: $HOROVOD_START_TIMEOUT or 30)")
+                   help="how long a rank's init() waits in MPI_Init for the others to "
+                        "start MPI before it ends the job, naming the late ones (default: "
+                        "$HOROVOD_START_TIMEOUT or 120); in an elastic job, how long the "
+                        "workers have to check in with its driver (default 30)")
     g.add_argument("--output-filename", metavar="DIR",
                    help="write each rank's output to DIR/<job>/rank.N/stdout and stderr")
     g.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",

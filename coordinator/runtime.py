@@ -24,6 +24,7 @@ from coordinator.handles import HandleTable
 from coordinator.launcher_watch import EXIT_WITH_LAUNCHER, watch_launcher
 from coordinator.liveness import PeerMonitor, describe_dead, host_identity
 from coordinator.process_sets import ProcessSet, ProcessSetTable, global_process_set
+from coordinator.start_watch import mpi_start_watched
 from coordinator.tensor_queue import TensorQueue
 from coordinator.timeline import Timeline
 from coordinator.wire import pb
@@ -54,16 +55,16 @@ class Runtime:
             _mpi_defaults(os.environ)
         elif not _state["mpi_defaults"]:
             _note_missing_defaults(os.environ)
-        _start_mpi()
+        self.config = config or Config.from_env()
+        logsetup.configure(self.config)
+        # An elastic job's workers start under its driver's own time limit.
+        elastic = os.environ.get("COORDINATOR_ELASTIC") == "1"
+        _start_mpi(0 if elastic else self.config.start_time)
         from coordinator.background import Background, Collaborators
         from coordinator.control_channel import Transport
         from coordinator.ops import create_backends
         from coordinator.topology import Topology
 
-        self.config = config or Config.from_env()
-        logsetup.configure(self.config)
-        # An elastic job's workers start under its driver's own time limit.
-        elastic = os.environ.get("COORDINATOR_ELASTIC") == "1"
         self.transport = Transport(comm, None if elastic else self.config.deadlock_time)
         self.rank = self.transport.rank
         self.size = self.transport.size
@@ -282,16 +283,21 @@ def _mpi_defaults(environ):
         environ.setdefault(name, value)
 
 
-def _start_mpi():
-    """Starts MPI where the program told mpi4py not to (`mpi4py.rc.initialize
-    = False`; Horovod's init starts it then too), with every thread allowed
-    to call it, and finalizes it at exit, after the coordinator has stopped
-    (so that init may run again after a shutdown)."""
-    from mpi4py import MPI
-
-    if MPI.Is_initialized():
+def _start_mpi(limit):
+    """Starts MPI (importing mpi4py's MPI does, unless the program told it
+    not to with `mpi4py.rc.initialize = False`; Horovod's init starts it
+    then too), with every thread allowed to call it, waiting at most `limit`
+    seconds for the job's other ranks (start_watch), and finalizes it at
+    exit, after the coordinator has stopped (so that init may run again
+    after a shutdown)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized():
         return
-    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    with mpi_start_watched(limit):
+        from mpi4py import MPI
+
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
     if not _state["finalize_mpi"]:
         _state["finalize_mpi"] = True
         atexit.register(_finalize_mpi)

@@ -13,6 +13,7 @@ def test_defaults_match_horovods():
     assert not cfg.stall_check_disable and cfg.log_level == "warning"
     assert cfg.timeline == "" and not cfg.timeline_mark_cycles
     assert not cfg.async_completion
+    assert cfg.start_time == 120
 
 
 def test_horovod_variables_are_honoured():
@@ -23,7 +24,9 @@ def test_horovod_variables_are_honoured():
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9",
         "HOROVOD_LOG_LEVEL": "DEBUG", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
         "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "/tmp/a.csv",
-        "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_ENABLE_ASYNC_COMPLETION": "1"})
+        "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_ENABLE_ASYNC_COMPLETION": "1",
+        "HOROVOD_START_TIMEOUT": "45"})
+    assert cfg.start_time == 45
     assert cfg.fusion_threshold == MIB and cfg.cycle_time_ms == 2.5
     assert cfg.cache_capacity == 0 and cfg.timeline == "/tmp/t.json"
     assert cfg.timeline_mark_cycles and cfg.stall_check_disable
@@ -73,6 +76,8 @@ def test_horovods_lenient_values_work_as_in_horovod(capsys):
     # off, and an infinite size was a bare OverflowError naming nothing.
     ("HOROVOD_CYCLE_TIME", "inf", "is not a finite number"),
     ("COORDINATOR_DEADLOCK_SECONDS", "nan", "is not a finite number"),
+    ("HOROVOD_START_TIMEOUT", "inf", "is not a finite number"),
+    ("HOROVOD_START_TIMEOUT", "-5", "must be at least 0"),
     ("HOROVOD_FUSION_THRESHOLD", "inf", "is not a finite number"),
     ("HOROVOD_CACHE_CAPACITY", "1e400", "is not a finite number"),
 ])

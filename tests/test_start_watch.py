@@ -1,0 +1,130 @@
+"""A rank waiting in MPI_Init for ranks that never start MPI is ended, with a
+message naming them, by a watcher process (coordinator/start_watch.py). Here
+without MPI: a "rank" is a process with a launcher's environment, whose
+MPI_Init is a sleep; tests/test_lifecycle_mpi.py runs real jobs."""
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from coordinator.start_watch import explain, mpi_start_watched
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A rank whose MPI_Init (the body) takes argv[2]: "hang" (for good), "quick"
+# (returns at once) or "dies" (the process ends inside it).
+RANK = """
+import os, sys, time
+sys.path.insert(0, sys.argv[3])
+from coordinator.start_watch import mpi_start_watched
+with mpi_start_watched(float(sys.argv[1])) as watcher:
+    print("watcher", watcher.pid, flush=True)
+    if sys.argv[2] == "hang":
+        time.sleep(600)
+    elif sys.argv[2] == "dies":
+        os._exit(3)
+print("returned", watcher.returncode, flush=True)
+"""
+
+
+def job_env(namespace, rank, size, local_size):
+    env = dict(os.environ)
+    env.update({"PMIX_NAMESPACE": namespace, "OMPI_COMM_WORLD_RANK": str(rank),
+                "OMPI_COMM_WORLD_SIZE": str(size),
+                "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size)})
+    return env
+
+
+def start_rank(namespace, rank, size, limit, body, local_size=None):
+    return subprocess.Popen([sys.executable, "-c", RANK, str(limit), body, ROOT],
+                            env=job_env(namespace, rank, size, local_size or size),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def start_idle(namespace, rank, size):
+    """A rank of the job that has not called init()."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                            env=job_env(namespace, rank, size, size))
+
+
+def wait_for_watcher(proc):
+    line = proc.stdout.readline()
+    assert line.startswith("watcher "), line
+    return int(line.split()[1])
+
+
+def test_the_watcher_ends_a_rank_stuck_in_mpi_init_naming_the_late_ranks():
+    ns = f"test-{uuid.uuid4()}"
+    stopped, idle = start_idle(ns, 1, 5), start_idle(ns, 2, 5)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    waiting = start_rank(ns, 3, 5, 600, "hang", local_size=4)
+    try:
+        wait_for_watcher(waiting)
+        rank = start_rank(ns, 0, 5, 1, "hang", local_size=4)
+        wait_for_watcher(rank)
+        _, err = rank.communicate(timeout=120)
+        # SIGTERM: a rank in MPI_Init runs no Python, so no exception to see.
+        assert rank.returncode == -signal.SIGTERM, err
+        assert err.startswith("[0] ERROR coordinator: init() has waited 1 s in MPI_Init "
+                              "for the other ranks of the job to start MPI "
+                              "(HOROVOD_START_TIMEOUT): "), err
+        assert (f"rank 1 (pid {stopped.pid}) is stopped (SIGSTOP, or a debugger holds it); "
+                f"rank 2 (pid {idle.pid}) is running but has not called init(); "
+                "rank 4 runs on other hosts, which this host cannot see.") in err, err
+        assert "rank 3" not in err  # in MPI_Init, under its own watcher
+        assert f"this rank (pid {rank.pid}) is ended" in err
+    finally:
+        for proc in (stopped, idle, waiting):
+            proc.kill()
+            proc.wait()
+
+
+def test_the_watcher_goes_once_mpi_init_returns_and_says_nothing():
+    rank = start_rank(f"test-{uuid.uuid4()}", 0, 2, 600, "quick")
+    out, err = rank.communicate(timeout=120)
+    assert rank.returncode == 0, err
+    assert "returned 0" in out and err == ""
+
+
+def test_the_watcher_goes_quietly_with_a_rank_that_dies_in_mpi_init():
+    rank = start_rank(f"test-{uuid.uuid4()}", 0, 2, 600, "dies")
+    # The watcher holds the same stdout and stderr: they close once it has
+    # gone too.
+    out, err = rank.communicate(timeout=120)
+    assert rank.returncode == 3 and out.startswith("watcher ") and err == "", (out, err)
+
+
+@pytest.mark.parametrize("limit,environ", [
+    (0, {"OMPI_COMM_WORLD_SIZE": "4"}),  # HOROVOD_START_TIMEOUT=0: wait for good
+    (30, {"OMPI_COMM_WORLD_SIZE": "1"}),  # alone: MPI_Init waits for nobody
+    (30, {}),  # not started by a launcher (a singleton)
+])
+def test_no_watcher_where_mpi_init_waits_for_nobody_or_it_is_off(limit, environ):
+    with mpi_start_watched(limit, environ) as watcher:
+        assert watcher is None
+
+
+@pytest.mark.parametrize("found,size,local,expected", [
+    ({0: (10, "S", True), 1: (11, "S", True)}, 2, "2",
+     "every rank of this host is in MPI_Init"),
+    ({0: (10, "S", True)}, 2, "1",
+     "every rank this host runs is in MPI_Init; the late one is among the others: "
+     "rank 1 runs on other hosts, which this host cannot see"),
+    ({0: (10, "S", True), 2: (12, "R", True)}, 4, "2",
+     "every rank this host runs is in MPI_Init; the late one is among the others: "
+     "ranks 1, 3 run on other hosts, which this host cannot see"),
+    # Fewer ranks here than the launcher put here: some may have exited.
+    ({0: (10, "S", True), 1: (11, "Z", False)}, 3, "3",
+     "rank 1 (pid 11) has exited; rank 2: not seen on this host (on another host, "
+     "or exited)"),
+    ({0: (10, "S", True), 1: (11, "t", False), 2: (12, "T", False)}, 3, "",
+     "rank 1 (pid 11) is stopped (SIGSTOP, or a debugger holds it); "
+     "rank 2 (pid 12) is stopped (SIGSTOP, or a debugger holds it)"),
+])
+def test_the_message_says_what_this_host_can_tell(found, size, local, expected):
+    environ = {"OMPI_COMM_WORLD_SIZE": str(size), "OMPI_COMM_WORLD_LOCAL_SIZE": local}
+    assert explain(environ, found) == expected
