@@ -223,3 +223,44 @@ def test_model_parallel_functions_make_their_placeholders_with_the_inputs_module
     made.clear()
     z, = chainermn.functions.pseudo_connect(None, chainer.Variable(np.ones(2, np.float32)))
     assert made == ["empty"], made
+
+
+class _Comm:
+    """What the checks below read of a communicator before any communication."""
+    rank, size = 0, 2
+
+
+class _Snapshot:
+    filename = "snapshot"
+
+
+@pytest.mark.parametrize("call,fragment", [
+    (lambda: chainermn.scatter_dataset(list(range(4)), _Comm(), root=2), "root 2 is not a rank"),
+    (lambda: chainermn.scatter_dataset(list(range(4)), _Comm(), root=-1),
+     "root -1 is not a rank"),
+    (lambda: chainermn.scatter_index(4, _Comm(), root=5), "root 5 is not a rank"),
+    (lambda: index_ranges(4, 0), "cannot split 4 samples over 0 ranks"),
+    (lambda: index_ranges(-1, 2), "cannot split -1 samples over 2 ranks"),
+    (lambda: chainermn.create_multi_node_checkpointer("c", _Comm(), cp_interval=0),
+     "cp_interval and gc_interval must be positive"),
+    (lambda: chainermn.create_multi_node_checkpointer("c", _Comm(), gc_interval=-1),
+     "cp_interval and gc_interval must be positive"),
+    (lambda: chainermn.extensions.multi_node_snapshot(_Comm(), _Snapshot(), [[0, 2]]),
+     "names ranks [2], outside 0..1"),
+    (lambda: chainermn.extensions.multi_node_snapshot(_Comm(), _Snapshot(), [[0], [0, 1]]),
+     "ranks [0] are in more than one replica set"),
+    (lambda: chainermn.extensions.multi_node_snapshot(None, _Snapshot(), []),
+     "needs a communicator and a snapshot extension"),
+    (lambda: chainermn.extensions.GenericMultiNodeEvaluator(_Comm(), None, None, root=2),
+     "root 2 is not a rank of the communicator"),
+    (lambda: chainermn.extensions.AllreducePersistent({"not": "a link"}, _Comm())(),
+     "the model must be a chainer.Link, got dict"),
+])
+def test_arguments_chainermn_asserts_on_raise_an_assertion_error_that_says_why(call, fragment):
+    # ChainerMN checks these with `assert`: code written for it that catches
+    # AssertionError still does; they are ValueErrors too, and say what was
+    # wrong.
+    with pytest.raises(AssertionError) as info:
+        call()
+    assert isinstance(info.value, ValueError)
+    assert fragment in str(info.value), str(info.value)

@@ -11,6 +11,7 @@ dataset exactly: the first n % size ranks get one example more.
 import numpy as np
 
 import chainer.datasets
+from frontends.chainer._checks import InvalidArgument
 
 DEFAULT_MAX_BUF_LEN = 256 * 1024 * 1024
 
@@ -28,7 +29,7 @@ def _bcast_obj(comm, obj, root, max_buf_len=DEFAULT_MAX_BUF_LEN):
 def index_ranges(n_total_samples, size, force_equal_length=True):
     """[(begin, end)] for each of `size` ranks."""
     if size <= 0 or n_total_samples < 0:
-        raise ValueError(f"cannot split {n_total_samples} samples over {size} ranks")
+        raise InvalidArgument(f"cannot split {n_total_samples} samples over {size} ranks")
     if force_equal_length:
         length = -(-n_total_samples // size)
         return [(n_total_samples * i // size, n_total_samples * i // size + length)
@@ -42,7 +43,7 @@ def scatter_index(n_total_samples, comm, root=0, *, force_equal_length=True):
     """(begin, end) of this rank's share of `n_total_samples` examples, as
     counted on `root` (other ranks' count is ignored)."""
     if not 0 <= root < comm.size:
-        raise ValueError(f"scatter_index: root {root} is not a rank (size {comm.size})")
+        raise InvalidArgument(f"scatter_index: root {root} is not a rank (size {comm.size})")
     n = _bcast_obj(comm, n_total_samples if comm.rank == root else None, root)
     return index_ranges(n, comm.size, force_equal_length)[comm.rank]
 
@@ -56,7 +57,7 @@ def scatter_dataset(dataset, comm, root=0, shuffle=False, seed=None,
     so every rank splits the same order: a fixed seed fixes which rank gets
     which example."""
     if not 0 <= root < comm.size:
-        raise ValueError(f"scatter_dataset: root {root} is not a rank (size {comm.size})")
+        raise InvalidArgument(f"scatter_dataset: root {root} is not a rank (size {comm.size})")
     payload = None
     if comm.rank == root:
         order = (np.random.RandomState(seed).permutation(len(dataset))

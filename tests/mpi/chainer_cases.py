@@ -245,6 +245,12 @@ def case_bcast_obj_in_chunks_from_every_root(hvd):
         obj = {"root": root, "payload": list(range(5000)), "text": "x" * 777}
         out = COMM.bcast_obj(obj if COMM.rank == root else None, max_buf_len=1000, root=root)
         assert out == obj
+    # ChainerMN asserts on a piece size outside MPI's C int: so does this,
+    # saying why, on every rank, before any communication.
+    for size in (0, 2 ** 31):
+        exc = expect_raises(AssertionError, COMM.bcast_obj, 1, max_buf_len=size)
+        assert isinstance(exc, ValueError) and "max_buf_len must be in (0, 2**31)" in str(exc)
+    assert COMM.bcast_obj("after" if COMM.rank == 0 else None) == "after"
 
 
 def case_gather_obj_and_allreduce_obj(hvd):

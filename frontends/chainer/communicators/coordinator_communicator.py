@@ -42,6 +42,7 @@ import coordinator as hvd
 from coordinator import basics, gpu, objects, runtime
 from coordinator import dtypes as core_dtypes
 from frontends.chainer.communicators.communicator_base import CommunicatorBase
+from frontends.chainer._checks import InvalidArgument
 
 # Serial numbers of communicators: created collectively, so equal on every rank
 # that takes part, and part of every tensor name the communicator submits.
@@ -599,7 +600,8 @@ class CoordinatorCommunicator(CommunicatorBase):
         if max_buf_len is None:
             max_buf_len = DEFAULT_MAX_BUF_LEN
         if not 0 < max_buf_len < 2 ** 31:
-            raise ValueError(f"bcast_obj: max_buf_len must be in (0, 2**31), got {max_buf_len}")
+            raise InvalidArgument(f"bcast_obj: max_buf_len must be in (0, 2**31), got "
+                                  f"{max_buf_len}")
         return self._bcast_obj(obj, root, self._name("bcast_obj"))
 
     def gather_obj(self, obj, root=0):

@@ -27,6 +27,7 @@ import numpy as np
 from chainer.serializers import load_npz, save_npz
 from chainer.training.extension import Extension
 from chainer.training.extensions._snapshot import _find_latest_snapshot
+from frontends.chainer._checks import InvalidArgument
 
 # The tag of the state a master sends to its set (apart from the users' tags).
 _TAG = "multi_node_snapshot"
@@ -50,20 +51,21 @@ def multi_node_snapshot(comm, snapshot, replica_sets):
 
 def _parse_replica_sets(replica_sets, size):
     """The replica sets as a list of sets of ranks, the ranks not named
-    forming one more set at the end. Raises ValueError for ranks out of
-    range or named twice."""
+    forming one more set at the end. Raises InvalidArgument (a ValueError)
+    for ranks out of range or named twice."""
     sets = []
     for replica_set in replica_sets:
         ranks = {replica_set} if isinstance(replica_set, int) else set(replica_set)
         bad = sorted(r for r in ranks if not 0 <= r < size)
         if bad:
-            raise ValueError(f"multi_node_snapshot: replica set {sorted(ranks)} names ranks "
+            raise InvalidArgument(f"multi_node_snapshot: replica set {sorted(ranks)} names ranks "
                              f"{bad}, outside 0..{size - 1}")
         sets.append(ranks)
     named = [r for s in sets for r in s]
     twice = sorted({r for r in named if named.count(r) > 1})
     if twice:
-        raise ValueError(f"multi_node_snapshot: ranks {twice} are in more than one replica set")
+        raise InvalidArgument(f"multi_node_snapshot: ranks {twice} are in more than one "
+                              "replica set")
     rest = set(range(size)) - set(named)
     if rest:
         sets.append(rest)
@@ -81,7 +83,8 @@ def _with_rank(filename, rank):
 class _MultiNodeSnapshot(Extension):
     def __init__(self, comm, snapshot, replica_sets):
         if comm is None or snapshot is None:
-            raise ValueError("multi_node_snapshot needs a communicator and a snapshot extension")
+            raise InvalidArgument("multi_node_snapshot needs a communicator and a snapshot "
+                                  "extension")
         self.comm = comm
         self.snapshot = snapshot
         snapshot.filename = _with_rank(snapshot.filename, comm.rank)

@@ -8,9 +8,13 @@ import chainer
 import chainer.training.extension
 import coordinator as hvd
 from coordinator import gpu
+from frontends.chainer._checks import InvalidArgument
 
 
 def _named_persistents(model):
+    if not isinstance(model, chainer.Link):
+        raise InvalidArgument(f"AllreducePersistent: the model must be a chainer.Link, got "
+                              f"{type(model).__name__}")
     for link_name, link in model.namedlinks():
         for name in link._persistent:
             yield f"{link_name}/{name}", link.__dict__[name]

@@ -16,6 +16,7 @@ import time
 
 import chainer
 from chainer.training import extension
+from frontends.chainer._checks import InvalidArgument
 
 
 class _Timings:
@@ -33,10 +34,10 @@ class _Timings:
 class _MultiNodeCheckpointer(extension.Extension):
     def __init__(self, name, comm, cp_interval, gc_interval, path):
         if not name or "." in name:
-            raise ValueError("checkpointer name must be non-empty and contain no '.', "
+            raise InvalidArgument("checkpointer name must be non-empty and contain no '.', "
                              f"got {name!r}")
         if cp_interval <= 0 or gc_interval <= 0:
-            raise ValueError("cp_interval and gc_interval must be positive")
+            raise InvalidArgument("cp_interval and gc_interval must be positive")
         self.name = name
         self.comm = comm
         self.cp_interval = cp_interval

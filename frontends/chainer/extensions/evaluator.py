@@ -24,6 +24,7 @@ from chainer.dataset import convert
 from coordinator import gpu
 from chainer.training import extension
 from chainer.utils import argument
+from frontends.chainer._checks import InvalidArgument
 
 
 def _as_array(value):
@@ -109,7 +110,7 @@ class GenericMultiNodeEvaluator(extension.Extension):
                  converter=convert.concat_examples, root=0, **kwargs):
         progress_hook, = argument.parse_kwargs(kwargs, ("progress_hook", None))
         if comm is not None and not 0 <= root < comm.size:
-            raise ValueError(f"GenericMultiNodeEvaluator: root {root} is not a rank of the "
+            raise InvalidArgument(f"GenericMultiNodeEvaluator: root {root} is not a rank of the "
                              f"communicator (its ranks are 0 to {comm.size - 1})")
         self.comm = comm
         self.iterator = iterator

@@ -1,0 +1,10 @@
+"""The error for arguments ChainerMN 7.8.1 refuses with a bare `assert`."""
+
+
+class InvalidArgument(ValueError, AssertionError):
+    """A bad argument (a root that is no rank, an interval that is not
+    positive). ChainerMN checks these with `assert`, which raises a bare
+    AssertionError (and nothing under `python -O`): code written for it that
+    catches AssertionError still catches this. It is a ValueError too, as
+    the coordinator's other refusals of bad values are, and says what was
+    wrong."""
