@@ -24,6 +24,7 @@ few milliseconds beside MPI_Init), this file is the watcher.
 """
 
 import contextlib
+import logging
 import os
 import select
 import signal
@@ -61,21 +62,37 @@ def mpi_start_watched(limit, environ=None):
     a lone process waits for nobody)."""
     environ = os.environ if environ is None else environ
     size = _job_size(environ)
-    if not limit or size is None or size < 2:
+    watcher = None
+    if limit and size is not None and size > 1:
+        watcher = _start_watcher(limit)
+    if watcher is None:
         yield None
         return
+    try:
+        yield watcher
+    finally:
+        os.close(watcher.stdin_fd)
+        watcher.wait()
+
+
+def _start_watcher(limit):
+    """The watcher process, its pipe's write end as `stdin_fd`; None, with a
+    warning, where it cannot start."""
     read, write = os.pipe()
     try:
         watcher = subprocess.Popen(
             [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()),
              repr(float(limit))], stdin=read, close_fds=True)
+    except OSError as exc:
+        os.close(write)
+        logging.getLogger("coordinator").warning(
+            "no watcher for MPI_Init (%s): a rank that never starts MPI leaves this one "
+            "waiting in MPI_Init for good", exc)
+        return None
     finally:
         os.close(read)
-    try:
-        yield watcher
-    finally:
-        os.close(write)
-        watcher.wait()
+    watcher.stdin_fd = write
+    return watcher
 
 
 # ----- the watcher process -----

@@ -3,6 +3,7 @@ message naming them, by a watcher process (coordinator/start_watch.py). Here
 without MPI: a "rank" is a process with a launcher's environment, whose
 MPI_Init is a sleep; tests/test_lifecycle_mpi.py runs real jobs."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -106,6 +107,26 @@ def test_the_watcher_goes_quietly_with_a_rank_that_dies_in_mpi_init():
 def test_no_watcher_where_mpi_init_waits_for_nobody_or_it_is_off(limit, environ):
     with mpi_start_watched(limit, environ) as watcher:
         assert watcher is None
+
+
+def test_a_watcher_that_cannot_start_is_a_warning_not_a_failed_init(monkeypatch):
+    def no_processes(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(subprocess, "Popen", no_processes)
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("coordinator").addHandler(handler)
+    before = len(os.listdir("/proc/self/fd"))
+    try:
+        with mpi_start_watched(30, {"OMPI_COMM_WORLD_SIZE": "2"}) as watcher:
+            assert watcher is None
+    finally:
+        logging.getLogger("coordinator").removeHandler(handler)
+    assert len(said) == 1 and said[0].startswith(
+        "no watcher for MPI_Init ([Errno 11] Resource temporarily unavailable)"), said
+    assert len(os.listdir("/proc/self/fd")) == before  # the pipe is closed
 
 
 @pytest.mark.parametrize("found,size,local,expected", [
