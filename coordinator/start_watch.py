@@ -125,36 +125,33 @@ def _is_watcher(pid):
     return any(a.endswith(b"start_watch.py") for a in argv)
 
 
-def census(namespace):
+def _job_processes(namespace):
+    """[(pid, rank, state, parent pid, is a watcher)] of this host's
+    processes of job `namespace`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        env = _environ(entry) if entry.isdigit() else {}
+        stat = _stat(entry) if env.get(_NAMESPACE) == namespace else None
+        if stat is not None and _rank(env) is not None:
+            found.append((int(entry), _rank(env), *stat, _is_watcher(entry)))
+    return found
+
+
+def census(namespace, processes=None):
     """The ranks of job `namespace` that run on this host: {rank: (pid,
     state, waiting)}, `waiting` meaning in MPI_Init under a watcher. A rank
     may be several processes (a shell that started Python; data loaders,
     which inherit its environment): it waits if one of them does, and is
     stopped if one of them is, else it is described by its first process."""
-    processes = {}
-    for entry in os.listdir("/proc"):
-        env = _environ(entry) if entry.isdigit() else {}
-        stat = _stat(entry) if env.get(_NAMESPACE) == namespace else None
-        if stat is not None and _rank(env) is not None and not _is_watcher(entry):
-            processes.setdefault(_rank(env), []).append((int(entry), *stat))
-    watched = _watched_parents()
-    found = {}
-    for rank, members in processes.items():
-        members.sort(key=lambda m: (m[1] not in "Tt", m[0]))
-        pid, state, _ = members[0]
-        found[rank] = (pid, state, any(m[0] in watched for m in members))
-    return found
-
-
-def _watched_parents():
-    """The pids that have a watcher child."""
-    parents = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _is_watcher(entry):
-            stat = _stat(entry)
-            if stat is not None:
-                parents.add(stat[1])
-    return parents
+    processes = _job_processes(namespace) if processes is None else processes
+    watched = {parent for _, _, _, parent, watcher in processes if watcher}
+    ranks = {}
+    for pid, rank, state, _, watcher in processes:
+        if not watcher:
+            ranks.setdefault(rank, []).append((state not in "Tt", pid, state))
+    return {rank: (min(members)[1], min(members)[2],
+                   any(pid in watched for _, pid, _ in members))
+            for rank, members in ranks.items()}
 
 
 def _describe(rank, pid, state):
@@ -213,20 +210,50 @@ def _end(pid):
 
 def main(argv):
     pid, limit = int(argv[1]), float(argv[2])
-    if select.select([0], [], [], limit)[0]:
+    start = time.monotonic()
+    # Another watcher of the job on this host that has found its wait too
+    # long tells this one (SIGUSR1) to end its rank now.
+    told_r, told_w = os.pipe()
+    os.set_blocking(told_w, False)
+    signal.set_wakeup_fd(told_w)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    ready = select.select([0, told_r], [], [], limit)[0]
+    if 0 in ready:
         return 0  # MPI_Init returned (the pipe closed), or the rank died
     environ = _environ(pid) or dict(os.environ)
-    rank = _rank(environ)
-    who = explain(environ, census(environ.get(_NAMESPACE)) if _NAMESPACE in environ else {})
+    namespace = environ.get(_NAMESPACE)
+    processes = _job_processes(namespace) if namespace else []
+    rank = "?" if _rank(environ) is None else _rank(environ)
+    who = explain(environ, census(namespace, processes))
     sys.stderr.write(
-        f"[{'?' if rank is None else rank}] ERROR coordinator: init() has waited {limit:g} s "
-        f"in MPI_Init for the other ranks of the job to start MPI "
-        f"(HOROVOD_START_TIMEOUT): {who}. Every rank of the job calls init(). MPI_Init "
-        f"cannot be interrupted, so this rank (pid {pid}) is ended, and the launcher "
-        "ends the job.\n")
+        f"[{rank}] ERROR coordinator: init() has waited {time.monotonic() - start:.0f} s "
+        f"in MPI_Init for the other ranks of the job to start MPI (HOROVOD_START_TIMEOUT="
+        f"{limit:g}): {who}. Every rank of the job calls init(). MPI_Init cannot be "
+        f"interrupted, so this rank (pid {pid}) is ended, and the launcher ends the job.\n")
     sys.stderr.flush()
+    if told_r not in ready:
+        # The others waiting on this host say so too, before the launcher
+        # ends them.
+        _tell([p for p, _, _, _, watcher in processes if watcher and p != os.getpid()])
     _end(pid)
     return 1
+
+
+def _tell(watchers):
+    """Tells these watchers to end their ranks now, and waits (GRACE at
+    most) until they have."""
+    for watcher in watchers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(watcher, signal.SIGUSR1)
+    deadline = time.monotonic() + GRACE
+    while watchers and time.monotonic() < deadline:
+        time.sleep(0.02)
+        watchers = [w for w in watchers if _alive(w)]
+
+
+def _alive(pid):
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in "ZX"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ MPI_Init is a sleep; tests/test_lifecycle_mpi.py runs real jobs."""
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,14 +71,21 @@ def test_the_watcher_ends_a_rank_stuck_in_mpi_init_naming_the_late_ranks():
         _, err = rank.communicate(timeout=120)
         # SIGTERM: a rank in MPI_Init runs no Python, so no exception to see.
         assert rank.returncode == -signal.SIGTERM, err
-        assert err.startswith("[0] ERROR coordinator: init() has waited 1 s in MPI_Init "
-                              "for the other ranks of the job to start MPI "
-                              "(HOROVOD_START_TIMEOUT): "), err
+        assert re.match(r"\[0\] ERROR coordinator: init\(\) has waited \d+ s in MPI_Init "
+                        r"for the other ranks of the job to start MPI "
+                        r"\(HOROVOD_START_TIMEOUT=1\): ", err), err
         assert (f"rank 1 (pid {stopped.pid}) is stopped (SIGSTOP, or a debugger holds it); "
                 f"rank 2 (pid {idle.pid}) is running but has not called init(); "
                 "rank 4 runs on other hosts, which this host cannot see.") in err, err
         assert "rank 3" not in err  # in MPI_Init, under its own watcher
         assert f"this rank (pid {rank.pid}) is ended" in err
+        # Rank 3's watcher, told by rank 0's, ends its rank too, saying why
+        # (its own limit is 600 s).
+        _, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == -signal.SIGTERM, err
+        assert re.match(r"\[3\] ERROR coordinator: init\(\) has waited \d+ s in MPI_Init "
+                        r"for the other ranks of the job to start MPI "
+                        r"\(HOROVOD_START_TIMEOUT=600\): rank 1 ", err), err
     finally:
         for proc in (stopped, idle, waiting):
             proc.kill()

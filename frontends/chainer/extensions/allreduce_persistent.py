@@ -12,7 +12,8 @@ from frontends.chainer._checks import InvalidArgument
 
 
 def _named_persistents(model):
-    if not isinstance(model, chainer.Link):
+    # ChainerMN asserts a chainer.Link; what is read of one is namedlinks().
+    if not callable(getattr(model, "namedlinks", None)):
         raise InvalidArgument(f"AllreducePersistent: the model must be a chainer.Link, got "
                               f"{type(model).__name__}")
     for link_name, link in model.namedlinks():
