@@ -325,6 +325,9 @@ class Background:
         self.final_reason = None  # why the coordinator shut down, once it does
         self._final_finished = False  # ... asked by a rank whose program is done
         self._final_grace = None  # once every rank is shutting down: when to give up
+        # Whether the shutdown ended without every rank confirming it: MPI_Finalize
+        # will wait for those that did not (runtime._finalize_mpi).
+        self.unconfirmed_shutdown = False
         self.stopping = False  # shutting down: no new work is taken
         self.finished = False
         self._next_liveness = 0.0
@@ -1688,6 +1691,7 @@ class Background:
         elif now > deadline:
             log.warning("rank %d: not every rank confirmed shutdown within %.0f s",
                         self.rank, SHUTDOWN_TIMEOUT)
+            self.unconfirmed_shutdown = True
             for op in self.executor.abandon():
                 self._failed(op.response, op.entries, self._shutdown_error(
                     f"the coordinator shut down ({reason}) before it completed"))

@@ -118,7 +118,7 @@ class Config:
     # HOROVOD_START_TIMEOUT: how long init() waits in MPI_Init for the job's
     # other ranks to start MPI. MPI_Init cannot be interrupted, so past it a
     # watcher process ends the rank, saying which ranks of its host are late
-    # (coordinator/start_watch.py). Horovod's launcher gives 30 s to start
+    # (coordinator/mpi_watch.py). Horovod's launcher gives 30 s to start
     # the processes; this also covers a program's work before init(). 0: wait.
     start_time: float = 120.0
     # COORDINATOR_EXIT_AFTER_ERROR_SECONDS: a rank leaving after an uncaught

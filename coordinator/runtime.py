@@ -24,7 +24,7 @@ from coordinator.handles import HandleTable
 from coordinator.launcher_watch import EXIT_WITH_LAUNCHER, watch_launcher
 from coordinator.liveness import PeerMonitor, describe_dead, host_identity
 from coordinator.process_sets import ProcessSet, ProcessSetTable, global_process_set
-from coordinator.start_watch import mpi_start_watched
+from coordinator.mpi_watch import mpi_finalize_watched, mpi_start_watched
 from coordinator.tensor_queue import TensorQueue
 from coordinator.timeline import Timeline
 from coordinator.wire import pb
@@ -35,7 +35,8 @@ _lock = threading.RLock()
 _runtime = None
 # mpi_defaults: whether MPI was given _mpi_defaults before it started
 _state = {"shut_down": False, "atexit": False, "uncaught": None, "excepthook": False,
-          "resetting": False, "mpi_defaults": False, "finalize_mpi": False}
+          "resetting": False, "mpi_defaults": False, "finalize_mpi": False,
+          "finalize_watch": 0.0}
 
 
 def current():
@@ -223,6 +224,10 @@ class Runtime:
             bg.thread.join(SHUTDOWN_TIMEOUT + 5)
         if not bg.thread.is_alive():
             bg.cycle.close()
+        if bg.unconfirmed_shutdown or bg.thread.is_alive():
+            # MPI_Finalize will wait for the ranks that did not confirm: a
+            # stopped one would hold this rank there for good.
+            _state["finalize_watch"] = self.config.silent_rank_time
         self.close_queue(lambda e: ValueError(
             f"{e.describe()}: the coordinator has been shut down; call init() first"),
             "shutdown() was called")
@@ -243,6 +248,7 @@ class Runtime:
             log.warning("rank %d: shutdown: a process set's communicator was still being "
                         "made after %.0f s (a member stopped?); going on", self.rank,
                         SETTLE_SECONDS)
+            _state["finalize_watch"] = self.config.silent_rank_time
         self.monitor.close()
         self.timeline.close()
         self.buffers.clear()
@@ -287,7 +293,7 @@ def _start_mpi(limit):
     """Starts MPI (importing mpi4py's MPI does, unless the program told it
     not to with `mpi4py.rc.initialize = False`; Horovod's init starts it
     then too), with every thread allowed to call it, waiting at most `limit`
-    seconds for the job's other ranks (start_watch), and finalizes it at
+    seconds for the job's other ranks (mpi_watch), and finalizes it at
     exit, after the coordinator has stopped (so that init may run again
     after a shutdown)."""
     mpi = sys.modules.get("mpi4py.MPI")
@@ -307,7 +313,8 @@ def _finalize_mpi():
     from mpi4py import MPI
 
     if MPI.Is_initialized() and not MPI.Is_finalized():
-        MPI.Finalize()
+        with mpi_finalize_watched(_state["finalize_watch"]):
+            MPI.Finalize()
 
 
 def _note_missing_defaults(environ):

@@ -145,6 +145,36 @@ def test_ranks_waiting_in_mpi_init_go_on_when_the_last_one_comes():
 
 
 @pytest.mark.mpi
+def test_a_rank_stopped_before_its_shutdown_ends_the_job_from_mpi_finalize():
+    # The others' shutdown waited 30 s for it, as before; then MPI_Finalize
+    # waited for it for ever. A watcher process names it and ends them.
+    proc = mpirun([os.path.join(SCRIPTS, "stopped_at_exit.py"), "stopped"], np_=3,
+                  env={"COORDINATOR_SILENT_RANK_SECONDS": "2"}, timeout=150)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    for rank in (0, 1):
+        assert f"rank {rank}: done" in out, out
+        assert re.search(rf"\[{rank}\] ERROR coordinator: MPI_Finalize waits for every rank of "
+                         r"the job, and rank 2 \(pid \d+\) has been stopped \(SIGSTOP, or a "
+                         r"debugger holds it\) for \d+ s \(COORDINATOR_SILENT_RANK_SECONDS=2\)"
+                         r"\. MPI_Finalize cannot be interrupted", out), out
+    assert "rank 2: done" not in out
+
+
+@pytest.mark.mpi
+def test_mpi_finalize_waits_for_a_rank_stopped_for_less_than_the_limit():
+    # Continued once the others wait in MPI_Finalize, well within the
+    # limit: waited for, as in Horovod, and the job ends well.
+    proc = mpirun([os.path.join(SCRIPTS, "stopped_at_exit.py"), "paused"], np_=3,
+                  env={"COORDINATOR_SILENT_RANK_SECONDS": "30"}, timeout=150)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for rank in range(3):
+        assert f"rank {rank}: done" in out, out
+    assert "ERROR" not in out, out
+
+
+@pytest.mark.mpi
 def test_init_waits_for_a_rank_that_comes_within_the_limit():
     proc = mpirun([os.path.join(SCRIPTS, "init_without_a_peer.py"), "late"], np_=3,
                   env={"COORDINATOR_DEADLOCK_SECONDS": "20"}, timeout=120)

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from coordinator.start_watch import census
+from coordinator.mpi_watch import census
 
 mode = sys.argv[1]
 rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
@@ -34,7 +34,7 @@ def watchers_left():
             with open(f"/proc/{entry}/stat") as f:
                 parent = int(f.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                watcher = b"start_watch.py" in f.read()
+                watcher = b"mpi_watch.py" in f.read()
         except (OSError, ValueError, IndexError):
             continue
         if parent == os.getpid() and watcher:

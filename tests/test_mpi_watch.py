@@ -1,7 +1,8 @@
-"""A rank waiting in MPI_Init for ranks that never start MPI is ended, with a
-message naming them, by a watcher process (coordinator/start_watch.py). Here
-without MPI: a "rank" is a process with a launcher's environment, whose
-MPI_Init is a sleep; tests/test_lifecycle_mpi.py runs real jobs."""
+"""A rank waiting in MPI_Init for ranks that never start MPI, or in
+MPI_Finalize for a rank stopped for good, is ended, with a message naming
+them, by a watcher process (coordinator/mpi_watch.py). Here without MPI: a
+"rank" is a process with a launcher's environment, whose MPI call is a
+sleep; tests/test_lifecycle_mpi.py runs real jobs."""
 
 import logging
 import os
@@ -13,17 +14,18 @@ import uuid
 
 import pytest
 
-from coordinator.start_watch import explain, mpi_start_watched
+from coordinator.mpi_watch import explain, mpi_finalize_watched, mpi_start_watched
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A rank whose MPI_Init (the body) takes argv[2]: "hang" (for good), "quick"
-# (returns at once) or "dies" (the process ends inside it).
+# A rank whose MPI_Init (or MPI_Finalize: argv[4]) takes argv[2]: "hang"
+# (for good), "quick" (returns at once) or "dies" (the process ends inside it).
 RANK = """
 import os, sys, time
 sys.path.insert(0, sys.argv[3])
-from coordinator.start_watch import mpi_start_watched
-with mpi_start_watched(float(sys.argv[1])) as watcher:
+from coordinator import mpi_watch
+watched = getattr(mpi_watch, f"mpi_{sys.argv[4]}_watched")
+with watched(float(sys.argv[1])) as watcher:
     print("watcher", watcher.pid, flush=True)
     if sys.argv[2] == "hang":
         time.sleep(600)
@@ -41,8 +43,8 @@ def job_env(namespace, rank, size, local_size):
     return env
 
 
-def start_rank(namespace, rank, size, limit, body, local_size=None):
-    return subprocess.Popen([sys.executable, "-c", RANK, str(limit), body, ROOT],
+def start_rank(namespace, rank, size, limit, body, local_size=None, call="start"):
+    return subprocess.Popen([sys.executable, "-c", RANK, str(limit), body, ROOT, call],
                             env=job_env(namespace, rank, size, local_size or size),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -92,6 +94,28 @@ def test_the_watcher_ends_a_rank_stuck_in_mpi_init_naming_the_late_ranks():
             proc.wait()
 
 
+def test_in_mpi_finalize_a_rank_stopped_for_the_silent_limit_is_named():
+    ns = f"test-{uuid.uuid4()}"
+    stopped, idle = start_idle(ns, 1, 3), start_idle(ns, 2, 3)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        rank = start_rank(ns, 0, 3, 1, "hang", call="finalize")
+        wait_for_watcher(rank)
+        _, err = rank.communicate(timeout=120)
+        assert rank.returncode == -signal.SIGTERM, err
+        # Rank 2, running (say, still training), is waited for.
+        assert re.match(r"\[0\] ERROR coordinator: MPI_Finalize waits for every rank of the "
+                        rf"job, and rank 1 \(pid {stopped.pid}\) has been stopped \(SIGSTOP, "
+                        r"or a debugger holds it\) for \d+ s "
+                        r"\(COORDINATOR_SILENT_RANK_SECONDS=1\)\. MPI_Finalize cannot be "
+                        rf"interrupted, so this rank \(pid {rank.pid}\) is ended", err), err
+        assert "rank 2" not in err
+    finally:
+        for proc in (stopped, idle):
+            proc.kill()
+            proc.wait()
+
+
 def test_the_watcher_goes_once_mpi_init_returns_and_says_nothing():
     rank = start_rank(f"test-{uuid.uuid4()}", 0, 2, 600, "quick")
     out, err = rank.communicate(timeout=120)
@@ -114,6 +138,9 @@ def test_the_watcher_goes_quietly_with_a_rank_that_dies_in_mpi_init():
 ])
 def test_no_watcher_where_mpi_init_waits_for_nobody_or_it_is_off(limit, environ):
     with mpi_start_watched(limit, environ) as watcher:
+        assert watcher is None
+    # COORDINATOR_SILENT_RANK_SECONDS=0: MPI_Finalize waits for good.
+    with mpi_finalize_watched(limit, environ) as watcher:
         assert watcher is None
 
 

@@ -1,4 +1,5 @@
-"""A rank that never starts MPI must not leave the others in MPI_Init for good.
+"""MPI_Init and MPI_Finalize wait for every rank of the job and cannot be
+interrupted: a rank that never comes must not hold the others there for good.
 
 Open MPI's MPI_Init returns only once every rank of the job has called it
 (a PMIx fence), and mpi4py calls it holding the interpreter lock: no thread
@@ -8,19 +9,28 @@ rank 0 waited for a rank sleeping before its init, and a rank stopped
 (SIGSTOP) before init() left the others there for ever. Open MPI's
 asynchronous modex (`pmix_base_async_modex`), which would let MPI_Init
 return, makes its TCP transport fail to find its peers (measured too).
+MPI_Finalize waits the same way: a rank stopped after its last collective,
+before its shutdown, left the others in it for ever once their shutdown had
+waited its 30 s for it.
 
-So the watcher is a process of its own. `mpi_start_watched` starts it just
-before MPI_Init, with a pipe the rank holds open while it waits there, and
-closes the pipe once MPI_Init has returned (a dead rank closes it too). If
-the pipe is still open after `limit` seconds (HOROVOD_START_TIMEOUT), the
-watcher says so on the rank's stderr, naming the ranks of this host that
-have not started MPI and what they are doing (stopped; running but not yet
-in init()), and ends the rank: SIGTERM, then SIGKILL. The launcher then ends
-the job. Ranks on other hosts cannot be seen from here; the message says
-which ranks those are.
+So the watcher is a process of its own, started just before the call with a
+pipe the rank holds open while it waits there and closes once the call has
+returned (a dead rank closes it too):
+- `mpi_start_watched` (MPI_Init): if the pipe is still open after `limit`
+  seconds (HOROVOD_START_TIMEOUT), the watcher says so on the rank's stderr,
+  naming the ranks of this host that have not started MPI and what they are
+  doing (stopped; running but not yet in init()); ranks on other hosts
+  cannot be seen from here, and the message says which ranks those are.
+- `mpi_finalize_watched` (MPI_Finalize, after a shutdown that not every rank
+  confirmed): a rank that is slow to finish is waited for, as in Horovod;
+  one of this host that has been stopped (SIGSTOP, a debugger) for
+  `silent` seconds (COORDINATOR_SILENT_RANK_SECONDS) is named.
+Then it tells the other watchers of the job on this host, which say the same
+of their ranks, and ends its rank: SIGTERM, then SIGKILL. The launcher then
+ends the job.
 
 Run as a script (by path, with only the standard library: it starts in a
-few milliseconds beside MPI_Init), this file is the watcher.
+few milliseconds beside the call), this file is the watcher.
 """
 
 import contextlib
@@ -60,11 +70,26 @@ def mpi_start_watched(limit, environ=None):
     if the body has not finished after `limit` seconds. No watcher for
     `limit` 0, or outside a launched job of more than one rank (MPI_Init of
     a lone process waits for nobody)."""
+    with _watched("start", limit, environ) as watcher:
+        yield watcher
+
+
+@contextlib.contextmanager
+def mpi_finalize_watched(silent, environ=None):
+    """Runs its body (MPI_Finalize) under a watcher process that ends this
+    rank if a rank of the job on this host has been stopped for `silent`
+    seconds while the body runs. No watcher for `silent` 0."""
+    with _watched("finalize", silent, environ) as watcher:
+        yield watcher
+
+
+@contextlib.contextmanager
+def _watched(mode, seconds, environ):
     environ = os.environ if environ is None else environ
     size = _job_size(environ)
     watcher = None
-    if limit and size is not None and size > 1:
-        watcher = _start_watcher(limit)
+    if seconds and size is not None and size > 1:
+        watcher = _start_watcher(mode, seconds)
     if watcher is None:
         yield None
         return
@@ -75,19 +100,20 @@ def mpi_start_watched(limit, environ=None):
         watcher.wait()
 
 
-def _start_watcher(limit):
+def _start_watcher(mode, seconds):
     """The watcher process, its pipe's write end as `stdin_fd`; None, with a
     warning, where it cannot start."""
     read, write = os.pipe()
     try:
         watcher = subprocess.Popen(
-            [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()),
-             repr(float(limit))], stdin=read, close_fds=True)
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), mode, str(os.getpid()),
+             repr(float(seconds))], stdin=read, close_fds=True)
     except OSError as exc:
         os.close(write)
+        call = "MPI_Init" if mode == "start" else "MPI_Finalize"
         logging.getLogger("coordinator").warning(
-            "no watcher for MPI_Init (%s): a rank that never starts MPI leaves this one "
-            "waiting in MPI_Init for good", exc)
+            "no watcher for %s (%s): a rank that never comes leaves this one waiting in %s "
+            "for good", call, exc, call)
         return None
     finally:
         os.close(read)
@@ -122,7 +148,7 @@ def _is_watcher(pid):
             argv = f.read().split(b"\0")
     except OSError:
         return False
-    return any(a.endswith(b"start_watch.py") for a in argv)
+    return any(a.endswith(b"mpi_watch.py") for a in argv)
 
 
 def _job_processes(namespace):
@@ -209,34 +235,78 @@ def _end(pid):
 
 
 def main(argv):
-    pid, limit = int(argv[1]), float(argv[2])
-    start = time.monotonic()
-    # Another watcher of the job on this host that has found its wait too
-    # long tells this one (SIGUSR1) to end its rank now.
+    mode, pid, seconds = argv[1], int(argv[2]), float(argv[3])
+    # Another watcher of the job on this host that has given up tells this
+    # one (SIGUSR1) to end its rank now.
     told_r, told_w = os.pipe()
     os.set_blocking(told_w, False)
     signal.set_wakeup_fd(told_w)
     signal.signal(signal.SIGUSR1, lambda signum, frame: None)
-    ready = select.select([0, told_r], [], [], limit)[0]
-    if 0 in ready:
-        return 0  # MPI_Init returned (the pipe closed), or the rank died
     environ = _environ(pid) or dict(os.environ)
     namespace = environ.get(_NAMESPACE)
-    processes = _job_processes(namespace) if namespace else []
+    wait = _wait_start if mode == "start" else _wait_finalize
+    outcome = wait(pid, seconds, environ, namespace, told_r)
+    if outcome is None:
+        return 0  # the call returned (the pipe closed), or the rank died
+    why, told = outcome
     rank = "?" if _rank(environ) is None else _rank(environ)
-    who = explain(environ, census(namespace, processes))
-    sys.stderr.write(
-        f"[{rank}] ERROR coordinator: init() has waited {time.monotonic() - start:.0f} s "
-        f"in MPI_Init for the other ranks of the job to start MPI (HOROVOD_START_TIMEOUT="
-        f"{limit:g}): {who}. Every rank of the job calls init(). MPI_Init cannot be "
-        f"interrupted, so this rank (pid {pid}) is ended, and the launcher ends the job.\n")
+    call = "MPI_Init" if mode == "start" else "MPI_Finalize"
+    sys.stderr.write(f"[{rank}] ERROR coordinator: {why}. {call} cannot be interrupted, so "
+                     f"this rank (pid {pid}) is ended, and the launcher ends the job.\n")
     sys.stderr.flush()
-    if told_r not in ready:
+    if not told and namespace:
         # The others waiting on this host say so too, before the launcher
         # ends them.
-        _tell([p for p, _, _, _, watcher in processes if watcher and p != os.getpid()])
+        _tell([p for p, _, _, _, watcher in _job_processes(namespace)
+               if watcher and p != os.getpid()])
     _end(pid)
     return 1
+
+
+def _wait_start(pid, limit, environ, namespace, told_r):
+    """None once MPI_Init has returned; else (why this rank gives up, told)."""
+    start = time.monotonic()
+    ready = select.select([0, told_r], [], [], limit)[0]
+    if 0 in ready:
+        return None
+    found = census(namespace) if namespace else {}
+    return (f"init() has waited {time.monotonic() - start:.0f} s in MPI_Init for the other "
+            f"ranks of the job to start MPI (HOROVOD_START_TIMEOUT={limit:g}): "
+            f"{explain(environ, found)}. Every rank of the job calls init()", told_r in ready)
+
+
+# How often the finalize watcher looks at the job's processes.
+LOOK_PERIOD = 0.5
+
+
+def _wait_finalize(pid, silent, environ, namespace, told_r):
+    """None once MPI_Finalize has returned; else (why this rank gives up,
+    told). Only the processes of the job on this host when it started are
+    looked at (their state, not the whole of /proc, each time)."""
+    me = _rank(environ)
+    ranks = {}
+    for p, rank, _, _, watcher in _job_processes(namespace) if namespace else []:
+        if not watcher and rank != me:
+            ranks.setdefault(rank, []).append(p)
+    stopped = {}  # rank: (pid, since when it has been stopped)
+    while True:
+        ready = select.select([0, told_r], [], [], LOOK_PERIOD)[0]
+        if 0 in ready:
+            return None
+        now = time.monotonic()
+        for rank, pids in ranks.items():
+            held = [p for p in pids if (_stat(p) or ("?",))[0] in "Tt"]
+            if not held:
+                stopped.pop(rank, None)
+            elif rank not in stopped:
+                stopped[rank] = (held[0], now)
+        if told_r in ready or any(now - since >= silent for _, since in stopped.values()):
+            who = "; ".join(f"rank {rank} (pid {p}) has been stopped (SIGSTOP, or a debugger "
+                            f"holds it) for {now - since:.0f} s"
+                            for rank, (p, since) in sorted(stopped.items()))
+            return (f"MPI_Finalize waits for every rank of the job, and "
+                    f"{who or 'another rank of this host gave up on its wait'} "
+                    f"(COORDINATOR_SILENT_RANK_SECONDS={silent:g})", told_r in ready)
 
 
 def _tell(watchers):

@@ -1,0 +1,53 @@
+"""The last rank stops after the job's last collective, before its
+shutdown (run by tests/test_lifecycle_mpi.py). The others' shutdown waits
+30 s for it, then MPI_Finalize waits for it too, and cannot be interrupted.
+
+argv[1]:
+  stopped  it stops itself (SIGSTOP) for good;
+  paused   it stops itself, and a child continues it once the others wait
+           in MPI_Finalize under their watchers (which give a rank stopped
+           there COORDINATOR_SILENT_RANK_SECONDS).
+Each rank prints when its program is done."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+
+import coordinator as hvd
+
+mode = sys.argv[1]
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+print(f"rank {rank}: sum {hvd.allreduce(np.ones(1), op=hvd.Sum)[0]:.0f}", flush=True)
+
+
+# The child that continues the paused rank.
+RESUMER = """
+import os, signal, sys, time
+def watchers():
+    found = 0
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\\0")
+        except OSError:
+            continue
+        found += any(a.endswith(b"mpi_watch.py") for a in argv) and b"finalize" in argv
+    return found
+deadline = time.monotonic() + 120
+while watchers() < int(sys.argv[2]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+os.kill(int(sys.argv[1]), signal.SIGCONT)
+"""
+
+if rank == size - 1 and mode == "stopped":
+    os.kill(os.getpid(), signal.SIGSTOP)
+elif rank == size - 1 and mode == "paused":
+    resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(os.getpid()),
+                                str(size - 1)])
+    os.kill(os.getpid(), signal.SIGSTOP)
+    resumer.wait()
+print(f"rank {rank}: done", flush=True)
