@@ -4,15 +4,16 @@ shutdown (run by tests/test_lifecycle_mpi.py). The others' shutdown waits
 
 argv[1]:
   stopped  it stops itself (SIGSTOP) for good;
-  paused   it stops itself, and a child continues it once the others wait
-           in MPI_Finalize under their watchers (which give a rank stopped
-           there COORDINATOR_SILENT_RANK_SECONDS).
+  paused   it stops itself, and a child continues it 3 s after the others
+           wait in MPI_Finalize under their watchers (which give a rank
+           stopped there COORDINATOR_SILENT_RANK_SECONDS).
 Each rank prints when its program is done."""
 
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -22,6 +23,12 @@ mode = sys.argv[1]
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 print(f"rank {rank}: sum {hvd.allreduce(np.ones(1), op=hvd.Sum)[0]:.0f}", flush=True)
+last = hvd.allgather_object(os.getpid())[-1]
+
+
+def stopped(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in "Tt"
 
 
 # The child that continues the paused rank.
@@ -40,6 +47,8 @@ def watchers():
 deadline = time.monotonic() + 120
 while watchers() < int(sys.argv[2]) and time.monotonic() < deadline:
     time.sleep(0.05)
+# Stopped for some looks of theirs (every 0.5 s), far within their limit.
+time.sleep(3)
 os.kill(int(sys.argv[1]), signal.SIGCONT)
 """
 
@@ -50,4 +59,11 @@ elif rank == size - 1 and mode == "paused":
                                 str(size - 1)])
     os.kill(os.getpid(), signal.SIGSTOP)
     resumer.wait()
+else:
+    # Shut down only once it has stopped: its coordinator would otherwise
+    # confirm the shutdown first (the job then waits for it, as for a slow
+    # rank, with no watcher).
+    deadline = time.monotonic() + 60
+    while not stopped(last) and time.monotonic() < deadline:
+        time.sleep(0.01)
 print(f"rank {rank}: done", flush=True)
