@@ -142,6 +142,11 @@ def _stat(pid):
     return fields[0], int(fields[1])
 
 
+def stopped(pid):
+    """Whether process `pid` is stopped (SIGSTOP, or a debugger holds it)."""
+    return (_stat(pid) or ("?",))[0] in "Tt"
+
+
 def _is_watcher(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -157,9 +162,10 @@ def _job_processes(namespace):
     found = []
     for entry in os.listdir("/proc"):
         env = _environ(entry) if entry.isdigit() else {}
-        stat = _stat(entry) if env.get(_NAMESPACE) == namespace else None
-        if stat is not None and _rank(env) is not None:
-            found.append((int(entry), _rank(env), *stat, _is_watcher(entry)))
+        rank = _rank(env) if env.get(_NAMESPACE) == namespace else None
+        stat = _stat(entry) if rank is not None else None
+        if stat is not None:
+            found.append((int(entry), rank, *stat, _is_watcher(entry)))
     return found
 
 
@@ -249,7 +255,8 @@ def main(argv):
     if outcome is None:
         return 0  # the call returned (the pipe closed), or the rank died
     why, told = outcome
-    rank = "?" if _rank(environ) is None else _rank(environ)
+    rank = _rank(environ)
+    rank = "?" if rank is None else rank
     call = "MPI_Init" if mode == "start" else "MPI_Finalize"
     sys.stderr.write(f"[{rank}] ERROR coordinator: {why}. {call} cannot be interrupted, so "
                      f"this rank (pid {pid}) is ended, and the launcher ends the job.\n")
@@ -288,22 +295,22 @@ def _wait_finalize(pid, silent, environ, namespace, told_r):
     for p, rank, _, _, watcher in _job_processes(namespace) if namespace else []:
         if not watcher and rank != me:
             ranks.setdefault(rank, []).append(p)
-    stopped = {}  # rank: (pid, since when it has been stopped)
+    since_when = {}  # rank: (its stopped pid, since when it has been stopped)
     while True:
         ready = select.select([0, told_r], [], [], LOOK_PERIOD)[0]
         if 0 in ready:
             return None
         now = time.monotonic()
         for rank, pids in ranks.items():
-            held = [p for p in pids if (_stat(p) or ("?",))[0] in "Tt"]
+            held = [p for p in pids if stopped(p)]
             if not held:
-                stopped.pop(rank, None)
-            elif rank not in stopped:
-                stopped[rank] = (held[0], now)
-        if told_r in ready or any(now - since >= silent for _, since in stopped.values()):
+                since_when.pop(rank, None)
+            elif rank not in since_when:
+                since_when[rank] = (held[0], now)
+        if told_r in ready or any(now - since >= silent for _, since in since_when.values()):
             who = "; ".join(f"rank {rank} (pid {p}) has been stopped (SIGSTOP, or a debugger "
                             f"holds it) for {now - since:.0f} s"
-                            for rank, (p, since) in sorted(stopped.items()))
+                            for rank, (p, since) in sorted(since_when.items()))
             return (f"MPI_Finalize waits for every rank of the job, and "
                     f"{who or 'another rank of this host gave up on its wait'} "
                     f"(COORDINATOR_SILENT_RANK_SECONDS={silent:g})", told_r in ready)

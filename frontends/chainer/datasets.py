@@ -11,7 +11,7 @@ dataset exactly: the first n % size ranks get one example more.
 import numpy as np
 
 import chainer.datasets
-from frontends.chainer._checks import InvalidArgument
+from frontends.chainer._checks import InvalidArgument, check_root
 
 DEFAULT_MAX_BUF_LEN = 256 * 1024 * 1024
 
@@ -42,8 +42,7 @@ def index_ranges(n_total_samples, size, force_equal_length=True):
 def scatter_index(n_total_samples, comm, root=0, *, force_equal_length=True):
     """(begin, end) of this rank's share of `n_total_samples` examples, as
     counted on `root` (other ranks' count is ignored)."""
-    if not 0 <= root < comm.size:
-        raise InvalidArgument(f"scatter_index: root {root} is not a rank (size {comm.size})")
+    check_root("scatter_index", root, comm.size)
     n = _bcast_obj(comm, n_total_samples if comm.rank == root else None, root)
     return index_ranges(n, comm.size, force_equal_length)[comm.rank]
 
@@ -56,8 +55,7 @@ def scatter_dataset(dataset, comm, root=0, shuffle=False, seed=None,
     with shuffle, one permutation drawn from numpy.random.RandomState(seed),
     so every rank splits the same order: a fixed seed fixes which rank gets
     which example."""
-    if not 0 <= root < comm.size:
-        raise InvalidArgument(f"scatter_dataset: root {root} is not a rank (size {comm.size})")
+    check_root("scatter_dataset", root, comm.size)
     payload = None
     if comm.rank == root:
         order = (np.random.RandomState(seed).permutation(len(dataset))

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from coordinator.mpi_watch import census
+from coordinator.mpi_watch import _is_watcher, _stat, census
 
 mode = sys.argv[1]
 rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
@@ -27,19 +27,9 @@ def others_in_mpi_init():
 
 
 def watchers_left():
-    """This process's children that are start watchers."""
-    mine = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                watcher = b"mpi_watch.py" in f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == os.getpid() and watcher:
-            mine.append(int(entry))
-    return mine
+    """This process's children that are watchers."""
+    return [int(e) for e in os.listdir("/proc")
+            if e.isdigit() and _is_watcher(e) and (_stat(e) or ("?", 0))[1] == os.getpid()]
 
 
 if last and mode == "stopped":

@@ -18,17 +18,13 @@ import time
 import numpy as np
 
 import coordinator as hvd
+from coordinator.mpi_watch import stopped
 
 mode = sys.argv[1]
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 print(f"rank {rank}: sum {hvd.allreduce(np.ones(1), op=hvd.Sum)[0]:.0f}", flush=True)
 last = hvd.allgather_object(os.getpid())[-1]
-
-
-def stopped(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] in "Tt"
 
 
 # The child that continues the paused rank.

@@ -58,8 +58,8 @@ def _parse_replica_sets(replica_sets, size):
         ranks = {replica_set} if isinstance(replica_set, int) else set(replica_set)
         bad = sorted(r for r in ranks if not 0 <= r < size)
         if bad:
-            raise InvalidArgument(f"multi_node_snapshot: replica set {sorted(ranks)} names ranks "
-                             f"{bad}, outside 0..{size - 1}")
+            raise InvalidArgument(f"multi_node_snapshot: replica set {sorted(ranks)} names "
+                                  f"ranks {bad}, outside 0..{size - 1}")
         sets.append(ranks)
     named = [r for s in sets for r in s]
     twice = sorted({r for r in named if named.count(r) > 1})

@@ -35,7 +35,7 @@ class _MultiNodeCheckpointer(extension.Extension):
     def __init__(self, name, comm, cp_interval, gc_interval, path):
         if not name or "." in name:
             raise InvalidArgument("checkpointer name must be non-empty and contain no '.', "
-                             f"got {name!r}")
+                                  f"got {name!r}")
         if cp_interval <= 0 or gc_interval <= 0:
             raise InvalidArgument("cp_interval and gc_interval must be positive")
         self.name = name

@@ -24,7 +24,7 @@ from chainer.dataset import convert
 from coordinator import gpu
 from chainer.training import extension
 from chainer.utils import argument
-from frontends.chainer._checks import InvalidArgument
+from frontends.chainer._checks import check_root
 
 
 def _as_array(value):
@@ -109,9 +109,8 @@ class GenericMultiNodeEvaluator(extension.Extension):
     def __init__(self, comm, iterator, target, device=None,
                  converter=convert.concat_examples, root=0, **kwargs):
         progress_hook, = argument.parse_kwargs(kwargs, ("progress_hook", None))
-        if comm is not None and not 0 <= root < comm.size:
-            raise InvalidArgument(f"GenericMultiNodeEvaluator: root {root} is not a rank of the "
-                             f"communicator (its ranks are 0 to {comm.size - 1})")
+        if comm is not None:
+            check_root("GenericMultiNodeEvaluator", root, comm.size)
         self.comm = comm
         self.iterator = iterator
         self._targets = {"main": target}
