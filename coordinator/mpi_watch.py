@@ -24,7 +24,12 @@ returned (a dead rank closes it too):
 - `mpi_finalize_watched` (MPI_Finalize, after a shutdown that not every rank
   confirmed): a rank that is slow to finish is waited for, as in Horovod;
   one of this host that has been stopped (SIGSTOP, a debugger) for
-  `silent` seconds (COORDINATOR_SILENT_RANK_SECONDS) is named.
+  `silent` seconds (COORDINATOR_SILENT_RANK_SECONDS) is named. Where the job
+  has ranks on other hosts, whose state this host cannot see, the wait
+  itself is given `silent` seconds: the shutdown already waited 30 s for
+  the rank that did not confirm it, and a rank whose coordinator thread
+  has not answered for that long fails a collective the same way
+  (watchdog.py).
 Then it tells the other watchers of the job on this host, which say the same
 of their ranks, and ends its rank: SIGTERM, then SIGKILL. The launcher then
 ends the job.
@@ -78,7 +83,8 @@ def mpi_start_watched(limit, environ=None):
 def mpi_finalize_watched(silent, environ=None):
     """Runs its body (MPI_Finalize) under a watcher process that ends this
     rank if a rank of the job on this host has been stopped for `silent`
-    seconds while the body runs. No watcher for `silent` 0."""
+    seconds while the body runs, or, in a job with ranks on other hosts, if
+    the body has run for `silent` seconds. No watcher for `silent` 0."""
     with _watched("finalize", silent, environ) as watcher:
         yield watcher
 
@@ -199,18 +205,23 @@ def explain(environ, found):
     late = [_describe(r, pid, state) for r, (pid, state, waiting) in sorted(found.items())
             if not waiting]
     unseen = [r for r in range(_job_size(environ) or 0) if r not in found]
-    local = environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
-    if unseen and local.isdigit() and len(found) >= int(local):
-        late.append(f"{_ranks(unseen)} run{'s' if len(unseen) == 1 else ''} on other "
-                    "hosts, which this host cannot see")
-    elif unseen:
-        late.append(f"{_ranks(unseen)}: not seen on this host (on another host, or exited)")
+    if unseen:
+        late.append(_elsewhere(unseen, len(found), environ))
     if not late:
         return "every rank of this host is in MPI_Init"
     if unseen and len(late) == 1:
         return ("every rank this host runs is in MPI_Init; the late one is among the "
                 f"others: {late[0]}")
     return "; ".join(late)
+
+
+def _elsewhere(unseen, seen, environ):
+    """Words for the job's ranks `unseen` on this host, where `seen` were."""
+    local = environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "")
+    if local.isdigit() and seen >= int(local):
+        return (f"{_ranks(unseen)} run{'s' if len(unseen) == 1 else ''} on other hosts, "
+                "which this host cannot see")
+    return f"{_ranks(unseen)}: not seen on this host (on another host, or exited)"
 
 
 def _ranks(ranks):
@@ -289,12 +300,17 @@ LOOK_PERIOD = 0.5
 def _wait_finalize(pid, silent, environ, namespace, told_r):
     """None once MPI_Finalize has returned; else (why this rank gives up,
     told). Only the processes of the job on this host when it started are
-    looked at (their state, not the whole of /proc, each time)."""
+    looked at (their state, not the whole of /proc, each time). A rank of
+    this host is given `silent` seconds stopped; where the job has ranks on
+    other hosts, whose state cannot be seen from here, the wait itself is
+    given `silent` seconds."""
     me = _rank(environ)
     ranks = {}
     for p, rank, _, _, watcher in _job_processes(namespace) if namespace else []:
         if not watcher and rank != me:
             ranks.setdefault(rank, []).append(p)
+    unseen = [r for r in range(_job_size(environ) or 0) if r != me and r not in ranks]
+    start = time.monotonic()
     since_when = {}  # rank: (its stopped pid, since when it has been stopped)
     while True:
         ready = select.select([0, told_r], [], [], LOOK_PERIOD)[0]
@@ -307,12 +323,17 @@ def _wait_finalize(pid, silent, environ, namespace, told_r):
                 since_when.pop(rank, None)
             elif rank not in since_when:
                 since_when[rank] = (held[0], now)
-        if told_r in ready or any(now - since >= silent for _, since in since_when.values()):
-            who = "; ".join(f"rank {rank} (pid {p}) has been stopped (SIGSTOP, or a debugger "
-                            f"holds it) for {now - since:.0f} s"
-                            for rank, (p, since) in sorted(since_when.items()))
+        over = any(now - since >= silent for _, since in since_when.values())
+        if told_r in ready or over or (unseen and now - start >= silent):
+            who = [f"rank {rank} (pid {p}) has been stopped (SIGSTOP, or a debugger holds it) "
+                   f"for {now - since:.0f} s" for rank, (p, since) in sorted(since_when.items())]
+            if unseen and not over and told_r not in ready:
+                who.append(
+                    f"this rank has waited there {now - start:.0f} s after a shutdown that not "
+                    f"every rank confirmed, for a rank stopped or whose coordinator thread "
+                    f"cannot run: {_elsewhere(unseen, len(ranks) + 1, environ)}")
             return (f"MPI_Finalize waits for every rank of the job, and "
-                    f"{who or 'another rank of this host gave up on its wait'} "
+                    f"{'; '.join(who) or 'another rank of this host gave up on its wait'} "
                     f"(COORDINATOR_SILENT_RANK_SECONDS={silent:g})", told_r in ready)
 
 

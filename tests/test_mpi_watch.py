@@ -116,6 +116,40 @@ def test_in_mpi_finalize_a_rank_stopped_for_the_silent_limit_is_named():
             proc.wait()
 
 
+@pytest.mark.parametrize("where", ["this host", "another host"])
+def test_in_mpi_finalize_a_rank_elsewhere_gets_the_silent_limit_one_here_is_waited_for(where):
+    """Rank 2 did not confirm the shutdown. On this host it is seen running
+    (say, still training) and waited for, as a slow rank; on another host
+    nothing can be seen of it, and the wait itself gets the limit."""
+    ns = f"test-{uuid.uuid4()}"
+    running = start_idle(ns, 1, 3)
+    other = start_idle(ns, 2, 3) if where == "this host" else None
+    try:
+        rank = start_rank(ns, 0, 3, 1, "hang", call="finalize",
+                          local_size=3 if other else 2)
+        wait_for_watcher(rank)
+        if other:
+            with pytest.raises(subprocess.TimeoutExpired):
+                rank.communicate(timeout=4)  # four times its limit
+            rank.kill()
+            rank.communicate()
+            return
+        _, err = rank.communicate(timeout=120)
+        assert rank.returncode == -signal.SIGTERM, err
+        assert re.match(r"\[0\] ERROR coordinator: MPI_Finalize waits for every rank of the "
+                        r"job, and this rank has waited there \d+ s after a shutdown that not "
+                        r"every rank confirmed, for a rank stopped or whose coordinator thread "
+                        r"cannot run: rank 2 runs on other hosts, which this host cannot see "
+                        r"\(COORDINATOR_SILENT_RANK_SECONDS=1\)\. MPI_Finalize cannot be "
+                        rf"interrupted, so this rank \(pid {rank.pid}\) is ended", err), err
+        assert "rank 1" not in err
+    finally:
+        for proc in (running, other):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
 def test_the_watcher_goes_once_mpi_init_returns_and_says_nothing():
     rank = start_rank(f"test-{uuid.uuid4()}", 0, 2, 600, "quick")
     out, err = rank.communicate(timeout=120)

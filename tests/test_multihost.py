@@ -235,3 +235,48 @@ def test_a_killed_host_ends_the_job_within_seconds_naming_it(two_hosts, what):
     # says so); coordrun passes mpirun's status on.
     assert out.proc.returncode != 0 or \
         "lost communication with a remote daemon" in text, text
+
+
+@pytest.mark.mpi
+def test_a_rank_stopped_on_another_host_before_init_ends_the_job_naming_it(two_hosts):
+    """Rank 1 (hostb) stops itself before init(): rank 0's MPI_Init would
+    wait for it for good. Rank 0's watcher cannot see hostb's processes, says
+    where the late rank is and ends its rank; the launcher ends the job,
+    stopped rank included."""
+    out = _start(two_hosts, ["python", "tests/scripts/init_before_mpi.py", "stopped"],
+                 env={"HOROVOD_START_TIMEOUT": "3"}, hosts=("-H", "hosta:1,hostb:1"))
+    text = out.finish(timeout=120)
+    assert out.proc.returncode != 0, text
+    assert re.search(r"\[0\] ERROR coordinator: init\(\) has waited \d+ s in MPI_Init .*"
+                     r"the late one is among the others: rank 1 runs on other hosts, which "
+                     r"this host cannot see", text), text
+    assert "init ok" not in text, text
+    deadline = time.monotonic() + 10
+    while _left(two_hosts, "hostb", "init_before_mpi") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _left(two_hosts, "hostb", "init_before_mpi"), text
+
+
+def _left(cluster, host, word):
+    return [c for c in cluster.processes(host).values() if word in c]
+
+
+@pytest.mark.mpi
+def test_a_rank_stopped_on_another_host_after_its_last_collective_ends_the_job(two_hosts):
+    """Rank 1 (hostb) stops after the job's last collective. Rank 0's
+    shutdown waits 30 s for it to confirm, then MPI_Finalize waits for it,
+    and cannot be interrupted; its watcher cannot see hostb's processes, so
+    the wait itself gets COORDINATOR_SILENT_RANK_SECONDS, and the launcher
+    ends the job. It used to hold rank 0 for good."""
+    mark = os.path.join(two_hosts.dir, "stopped")
+    out = _start(two_hosts, ["python", "tests/scripts/stopped_at_exit.py", "stopped"],
+                 env={"COORDINATOR_SILENT_RANK_SECONDS": "2", "STOPPED_MARK": mark},
+                 hosts=("-H", "hosta:1,hostb:1"))
+    text = out.finish(timeout=150)
+    assert out.proc.returncode != 0, text
+    assert "rank 0: done" in text, text
+    assert re.search(r"\[0\] ERROR coordinator: MPI_Finalize waits for every rank of the job, "
+                     r"and this rank has waited there \d+ s after a shutdown that not every "
+                     r"rank confirmed, for a rank stopped or whose coordinator thread cannot "
+                     r"run: rank 1 runs on other hosts, which this host cannot see "
+                     r"\(COORDINATOR_SILENT_RANK_SECONDS=2\)", text), text

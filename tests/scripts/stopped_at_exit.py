@@ -7,7 +7,10 @@ argv[1]:
   paused   it stops itself, and a child continues it 3 s after the others
            wait in MPI_Finalize under their watchers (which give a rank
            stopped there COORDINATOR_SILENT_RANK_SECONDS).
-Each rank prints when its program is done."""
+Each rank prints when its program is done. With STOPPED_MARK set (a file's
+path), a child of the last rank makes that file once its parent is stopped,
+and the others wait for the file: they may run on other hosts, which do not
+see its pid."""
 
 import os
 import signal
@@ -48,7 +51,19 @@ time.sleep(3)
 os.kill(int(sys.argv[1]), signal.SIGCONT)
 """
 
+# The child that tells the others, through a file, that its parent stopped.
+MARKER = """
+import os, sys, time
+from coordinator.mpi_watch import stopped
+while not stopped(os.getppid()):
+    time.sleep(0.01)
+open(sys.argv[1], "w").close()
+"""
+mark = os.environ.get("STOPPED_MARK")
+
 if rank == size - 1 and mode == "stopped":
+    if mark:
+        subprocess.Popen([sys.executable, "-c", MARKER, mark])
     os.kill(os.getpid(), signal.SIGSTOP)
 elif rank == size - 1 and mode == "paused":
     resumer = subprocess.Popen([sys.executable, "-c", RESUMER, str(os.getpid()),
@@ -60,6 +75,7 @@ else:
     # confirm the shutdown first (the job then waits for it, as for a slow
     # rank, with no watcher).
     deadline = time.monotonic() + 60
-    while not stopped(last) and time.monotonic() < deadline:
+    while not (os.path.exists(mark) if mark else stopped(last)) and \
+            time.monotonic() < deadline:
         time.sleep(0.01)
 print(f"rank {rank}: done", flush=True)
