@@ -270,7 +270,7 @@ def test_a_rank_stopped_on_another_host_after_its_last_collective_ends_the_job(t
     ends the job. It used to hold rank 0 for good."""
     mark = os.path.join(two_hosts.dir, "stopped")
     out = _start(two_hosts, ["python", "tests/scripts/stopped_at_exit.py", "stopped"],
-                 env={"COORDINATOR_SILENT_RANK_SECONDS": "2", "STOPPED_MARK": mark},
+                 env={"COORDINATOR_SILENT_RANK_SECONDS": "5", "STOPPED_MARK": mark},
                  hosts=("-H", "hosta:1,hostb:1"))
     text = out.finish(timeout=150)
     assert out.proc.returncode != 0, text
@@ -279,4 +279,4 @@ def test_a_rank_stopped_on_another_host_after_its_last_collective_ends_the_job(t
                      r"and this rank has waited there \d+ s after a shutdown that not every "
                      r"rank confirmed, for a rank stopped or whose coordinator thread cannot "
                      r"run: rank 1 runs on other hosts, which this host cannot see "
-                     r"\(COORDINATOR_SILENT_RANK_SECONDS=2\)", text), text
+                     r"\(COORDINATOR_SILENT_RANK_SECONDS=5\)", text), text
