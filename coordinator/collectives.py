@@ -57,6 +57,7 @@ def _runtime_for(what):
         state = ("has been shut down" if runtime.was_shut_down()
                  else "has not been initialized")
         raise NotInitializedError(f"{what}: the coordinator {state}; call init() first")
+    runtime.check_process(rt, what)
     if rt.fatal_error is not None:
         raise type(rt.fatal_error)(f"{what}: {rt.fatal_error}")
     return rt
@@ -135,7 +136,7 @@ def refuse(kind, name, error, process_set=global_process_set, group_size=0):
     own refusals. Without a running job, or for a set this rank cannot use,
     nothing is told (the core's call would raise)."""
     rt = runtime.current()
-    if rt is None or rt.fatal_error is not None:
+    if rt is None or rt.fatal_error is not None or runtime.forked(rt):
         return
     try:
         ps = _process_set(process_set, rt, kind)
@@ -352,7 +353,7 @@ def drive(handle):
 
 
 def _drives(rt):
-    return rt is not None and rt.config.drive_seconds > 0
+    return rt is not None and rt.config.drive_seconds > 0 and not runtime.forked(rt)
 
 
 def _blocking(async_fn):
@@ -683,7 +684,7 @@ def flush():
     waiting for a result (synchronize, a blocking collective) flushes too:
     it submits nothing more until then. Does nothing before init."""
     rt = runtime.current()
-    if rt is not None:
+    if rt is not None and not runtime.forked(rt):
         rt.queue.flush()
 
 
@@ -699,6 +700,7 @@ def synchronize(handle):
     rt = runtime.current()
     if rt is None:
         raise NotInitializedError("synchronize: the coordinator is not initialized")
+    runtime.check_process(rt, "synchronize")
     return rt.handles.wait(handle, rt.check_health)
 
 

@@ -35,7 +35,7 @@ _lock = threading.RLock()
 _runtime = None
 # mpi_defaults: whether MPI was given _mpi_defaults before it started
 _state = {"shut_down": False, "atexit": False, "uncaught": None, "excepthook": False,
-          "resetting": False, "mpi_defaults": False, "finalize_mpi": False,
+          "resetting": False, "mpi_defaults": False, "finalize_mpi": None,
           "finalize_watch": 0.0}
 
 
@@ -47,20 +47,37 @@ def was_shut_down():
     return _state["shut_down"]
 
 
+def forked(rt):
+    """Whether this process is a fork of the one that started `rt` (a
+    DataLoader worker, say)."""
+    return rt is not None and rt.pid != os.getpid()
+
+
+def check_process(rt, what):
+    """Raises NotInitializedError in a fork of the process that called init()
+    (a DataLoader worker, say). The coordinator's thread does not run there,
+    so a collective waited for it for good, and MPI is the parent's: called
+    from a fork, it shares (and can corrupt) the parent's connections.
+    rank(), size() and the like still answer there, as in Horovod."""
+    if forked(rt):
+        from coordinator.errors import NotInitializedError
+
+        raise NotInitializedError(
+            f"{what}: this process (pid {os.getpid()}) is a fork of rank {rt.rank}'s process "
+            f"(pid {rt.pid}), made after init() (a DataLoader worker, say); the coordinator "
+            f"and MPI run in that process alone, so this one cannot take part in "
+            f"collectives: call them in rank {rt.rank}'s process")
+
+
 class Runtime:
     def __init__(self, comm=None, process_sets=None, config=None):
         # MPI starts here, not when `coordinator` is imported: importing the
         # package (e.g. for coordrun) must not initialise MPI.
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is None or not mpi.Is_initialized():
-            _mpi_defaults(os.environ)
-        elif not _state["mpi_defaults"]:
-            _note_missing_defaults(os.environ)
+        self.pid = os.getpid()  # a fork of this process has none of it (check_process)
         self.config = config or Config.from_env()
         logsetup.configure(self.config)
-        # An elastic job's workers start under its driver's own time limit.
+        start_mpi(self.config)
         elastic = os.environ.get("COORDINATOR_ELASTIC") == "1"
-        _start_mpi(0 if elastic else self.config.start_time)
         from coordinator.background import Background, Collaborators
         from coordinator.control_channel import Transport
         from coordinator.ops import create_backends
@@ -208,6 +225,7 @@ class Runtime:
         """Raises what an operation `what` submitted now would meet: the
         job's failure (check_health), or the ShutdownError of its shutdown.
         For a frontend waiting outside the coordinator (in MPI) on peers."""
+        check_process(self, what)
         self.check_health()
         bg = self.background
         if bg.stopping or bg.finished:
@@ -289,6 +307,22 @@ def _mpi_defaults(environ):
         environ.setdefault(name, value)
 
 
+def start_mpi(config=None):
+    """Starts MPI as init() does, if it has not started: with the
+    coordinator's MPI settings, waiting at most HOROVOD_START_TIMEOUT for the
+    job's other ranks (an elastic job's workers start under its driver's own
+    time limit), and finalized at exit. For frontends whose import starts
+    MPI (ChainerMN's names need mpi4py's MPI, which starts it when imported)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized():
+        _mpi_defaults(os.environ)
+    elif not _state["mpi_defaults"]:
+        _note_missing_defaults(os.environ)
+    config = config or Config.from_env()
+    elastic = os.environ.get("COORDINATOR_ELASTIC") == "1"
+    _start_mpi(0 if elastic else config.start_time)
+
+
 def _start_mpi(limit):
     """Starts MPI (importing mpi4py's MPI does, unless the program told it
     not to with `mpi4py.rc.initialize = False`; Horovod's init starts it
@@ -297,21 +331,35 @@ def _start_mpi(limit):
     exit, after the coordinator has stopped (so that init may run again
     after a shutdown)."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized():
-        return
-    with mpi_start_watched(limit):
-        from mpi4py import MPI
+    if mpi is None:
+        import mpi4py
 
-        if not MPI.Is_initialized():
-            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        if mpi4py.rc.finalize is None:
+            # _finalize_mpi finalizes, in this process only: mpi4py's own
+            # finalizer (which runs after it, and then finds MPI finalized)
+            # would also run in a fork of this process (os.fork) that exits
+            # normally, and wait there for good for the job's other ranks.
+            # (Where the program imported mpi4py's MPI first, its finalizer
+            # stays.)
+            mpi4py.rc.finalize = False
+    if mpi is None or not mpi.Is_initialized():
+        with mpi_start_watched(limit):
+            from mpi4py import MPI
+
+            if not MPI.Is_initialized():
+                MPI.Init_thread(MPI.THREAD_MULTIPLE)
     if not _state["finalize_mpi"]:
-        _state["finalize_mpi"] = True
+        # Also where the program started MPI: before mpi4py's own finalizer
+        # (which then finds it finalized), so that the finalize watcher runs.
+        _state["finalize_mpi"] = os.getpid()
         atexit.register(_finalize_mpi)
 
 
 def _finalize_mpi():
     from mpi4py import MPI
 
+    if _state["finalize_mpi"] != os.getpid():
+        return  # a fork: MPI is its parent's
     if MPI.Is_initialized() and not MPI.Is_finalized():
         with mpi_finalize_watched(_state["finalize_watch"]):
             MPI.Finalize()
@@ -425,6 +473,7 @@ def _static_sets(process_sets):
 def start(comm=None, process_sets=None, config=None):
     global _runtime
     with _lock:
+        check_process(_runtime, "init()")
         if _runtime is not None and not _runtime.background.thread.is_alive():
             stop()  # stopped by another rank or a failure: start afresh
         if _runtime is not None:
@@ -457,6 +506,8 @@ def stop(why="", finished=None):
         _runtime = None
         _state["shut_down"] = True
         global_process_set._unbind()
+    if forked(rt):
+        return  # the parent's coordinator and MPI: not this process's to stop
     rt.shutdown(why, finished)
 
 
@@ -510,8 +561,8 @@ def _exception_text(exc_type, exc):
 
 def _at_exit():
     rt = _runtime
-    if rt is None:
-        return
+    if rt is None or forked(rt):
+        return  # a fork (os.fork) that exits normally leaves the parent's job alone
     if rt.fatal_error is not None:
         # A peer died or the coordinator broke: leave with an error instead of
         # blocking in MPI_Finalize on a rank that will never answer.

@@ -84,6 +84,7 @@ class Membership:
         self.rank_in_generation = comm.rank
         self.agent = worker.Agent(worker.client_from_env())
         self.agent.follow(self.generation, comm.rank, comm.size)
+        self.pid = os.getpid()
         atexit.register(self._report_exit)
 
     def slot(self, timeout=30.0):
@@ -235,8 +236,11 @@ class Membership:
         not enough: Open MPI saw such an exit only through ULFM's heartbeat
         detector, 30 s later, where a process killed by a signal is known
         failed at once. So this worker, its failure reported to the driver,
-        ends by SIGKILL."""
-        if self.agent is None:
+        ends by SIGKILL.
+
+        A fork of the worker (os.fork) that exits reports nothing: it is not
+        the worker."""
+        if self.agent is None or self.pid != os.getpid():
             return
         from coordinator import runtime
 

@@ -23,9 +23,13 @@ global_except_hook, iterators, links, optimizers.
 """
 
 import coordinator  # noqa: F401  (first: its MPI settings must be in place before MPI starts)
+from coordinator import runtime as _runtime
 from frontends.chainer._import_chainer import import_chainer
 
 chainer = import_chainer()
+# ChainerMN's names need mpi4py's MPI, whose import starts MPI: start it as
+# init() does (under HOROVOD_START_TIMEOUT's watcher, finalized at exit).
+_runtime.start_mpi()
 
 from frontends.chainer import (communicators, datasets, extensions, functions,
                                global_except_hook, iterators, links, optimizers)

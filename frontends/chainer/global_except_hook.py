@@ -52,6 +52,13 @@ def _tell_the_other_ranks(exc_type):
 
 def _global_except_hook(exc_type, value, traceback):
     """Prints the exception, tells the other ranks, calls MPI_Abort."""
+    from coordinator import runtime
+
+    if runtime.forked(runtime.current()):
+        # A fork of a rank (os.fork) is no rank: MPI_Abort from it would end
+        # the job the rank is still running.
+        (_orig_except_hook or sys.__excepthook__)(exc_type, value, traceback)
+        return
     try:
         (_orig_except_hook or sys.__excepthook__)(exc_type, value, traceback)
     finally:

@@ -308,6 +308,9 @@ class CoordinatorCommunicator(CommunicatorBase):
     def _check_open(self, what):
         if self._finalized:
             raise RuntimeError(f"{what}: this communicator was finalized")
+        # In a fork (a DataLoader worker, say), mpi_comm is the parent's:
+        # send_obj there took messages meant for the parent's peers.
+        runtime.check_process(runtime.current(), what)
 
     def _name(self, kind):
         return f"{self._prefix}.{kind}.{next(self._counter)}"
@@ -732,7 +735,8 @@ class CoordinatorCommunicator(CommunicatorBase):
     def finalize(self):
         if not self._finalized:
             self._finalized = True
-            self.mpi_comm.Free()
+            if not runtime.forked(runtime.current()):
+                self.mpi_comm.Free()
 
 
 class DummyCommunicator(CoordinatorCommunicator):
