@@ -73,6 +73,11 @@ class Runtime:
     def __init__(self, comm=None, process_sets=None, config=None):
         # MPI starts here, not when `coordinator` is imported: importing the
         # package (e.g. for coordrun) must not initialise MPI.
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is None or not mpi.Is_initialized():
+            _mpi_defaults(os.environ)
+        elif not _state["mpi_defaults"]:
+            _note_missing_defaults(os.environ)
         self.pid = os.getpid()  # a fork of this process has none of it (check_process)
         self.config = config or Config.from_env()
         logsetup.configure(self.config)
@@ -316,8 +321,6 @@ def start_mpi(config=None):
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized():
         _mpi_defaults(os.environ)
-    elif not _state["mpi_defaults"]:
-        _note_missing_defaults(os.environ)
     config = config or Config.from_env()
     elastic = os.environ.get("COORDINATOR_ELASTIC") == "1"
     _start_mpi(0 if elastic else config.start_time)
@@ -331,6 +334,8 @@ def _start_mpi(limit):
     exit, after the coordinator has stopped (so that init may run again
     after a shutdown)."""
     mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized():
+        return  # started by the program (or an elastic worker's membership): finalized by mpi4py
     if mpi is None:
         import mpi4py
 
@@ -342,15 +347,12 @@ def _start_mpi(limit):
             # (Where the program imported mpi4py's MPI first, its finalizer
             # stays.)
             mpi4py.rc.finalize = False
-    if mpi is None or not mpi.Is_initialized():
-        with mpi_start_watched(limit):
-            from mpi4py import MPI
+    with mpi_start_watched(limit):
+        from mpi4py import MPI
 
-            if not MPI.Is_initialized():
-                MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
     if not _state["finalize_mpi"]:
-        # Also where the program started MPI: before mpi4py's own finalizer
-        # (which then finds it finalized), so that the finalize watcher runs.
         _state["finalize_mpi"] = os.getpid()
         atexit.register(_finalize_mpi)
 
