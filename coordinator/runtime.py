@@ -74,10 +74,8 @@ class Runtime:
         # MPI starts here, not when `coordinator` is imported: importing the
         # package (e.g. for coordrun) must not initialise MPI.
         mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is None or not mpi.Is_initialized():
-            _mpi_defaults(os.environ)
-        elif not _state["mpi_defaults"]:
-            _note_missing_defaults(os.environ)
+        if mpi is not None and mpi.Is_initialized() and not _state["mpi_defaults"]:
+            _note_missing_defaults(os.environ)  # (before the log level is set)
         self.pid = os.getpid()  # a fork of this process has none of it (check_process)
         self.config = config or Config.from_env()
         logsetup.configure(self.config)

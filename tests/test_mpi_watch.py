@@ -4,6 +4,7 @@ them, by a watcher process (coordinator/mpi_watch.py). Here without MPI: a
 "rank" is a process with a launcher's environment, whose MPI call is a
 sleep; tests/test_lifecycle_mpi.py runs real jobs."""
 
+import contextlib
 import logging
 import os
 import re
@@ -55,6 +56,17 @@ def start_idle(namespace, rank, size):
                             env=job_env(namespace, rank, size, size))
 
 
+@contextlib.contextmanager
+def ended(*procs):
+    """Kills and reaps the peers `procs` once the body is done."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
 def wait_for_watcher(proc):
     line = proc.stdout.readline()
     assert line.startswith("watcher "), line
@@ -66,7 +78,7 @@ def test_the_watcher_ends_a_rank_stuck_in_mpi_init_naming_the_late_ranks():
     stopped, idle = start_idle(ns, 1, 5), start_idle(ns, 2, 5)
     os.kill(stopped.pid, signal.SIGSTOP)
     waiting = start_rank(ns, 3, 5, 600, "hang", local_size=4)
-    try:
+    with ended(stopped, idle, waiting):
         wait_for_watcher(waiting)
         rank = start_rank(ns, 0, 5, 1, "hang", local_size=4)
         wait_for_watcher(rank)
@@ -88,17 +100,13 @@ def test_the_watcher_ends_a_rank_stuck_in_mpi_init_naming_the_late_ranks():
         assert re.match(r"\[3\] ERROR coordinator: init\(\) has waited \d+ s in MPI_Init "
                         r"for the other ranks of the job to start MPI "
                         r"\(HOROVOD_START_TIMEOUT=600\): rank 1 ", err), err
-    finally:
-        for proc in (stopped, idle, waiting):
-            proc.kill()
-            proc.wait()
 
 
 def test_in_mpi_finalize_a_rank_stopped_for_the_silent_limit_is_named():
     ns = f"test-{uuid.uuid4()}"
     stopped, idle = start_idle(ns, 1, 3), start_idle(ns, 2, 3)
     os.kill(stopped.pid, signal.SIGSTOP)
-    try:
+    with ended(stopped, idle):
         rank = start_rank(ns, 0, 3, 1, "hang", call="finalize")
         wait_for_watcher(rank)
         _, err = rank.communicate(timeout=120)
@@ -110,30 +118,27 @@ def test_in_mpi_finalize_a_rank_stopped_for_the_silent_limit_is_named():
                         r"\(COORDINATOR_SILENT_RANK_SECONDS=1\)\. MPI_Finalize cannot be "
                         rf"interrupted, so this rank \(pid {rank.pid}\) is ended", err), err
         assert "rank 2" not in err
-    finally:
-        for proc in (stopped, idle):
-            proc.kill()
-            proc.wait()
 
 
-@pytest.mark.parametrize("where", ["this host", "another host"])
-def test_in_mpi_finalize_a_rank_elsewhere_gets_the_silent_limit_one_here_is_waited_for(where):
-    """Rank 2 did not confirm the shutdown. On this host it is seen running
-    (say, still training) and waited for, as a slow rank; on another host
-    nothing can be seen of it, and the wait itself gets the limit."""
+def test_in_mpi_finalize_a_running_rank_of_this_host_is_waited_for():
+    """Rank 2 did not confirm the shutdown, and runs (say, still training):
+    waited for, as a slow rank, well past the limit."""
     ns = f"test-{uuid.uuid4()}"
-    running = start_idle(ns, 1, 3)
-    other = start_idle(ns, 2, 3) if where == "this host" else None
-    try:
-        rank = start_rank(ns, 0, 3, 1, "hang", call="finalize",
-                          local_size=3 if other else 2)
-        wait_for_watcher(rank)
-        if other:
+    with ended(start_idle(ns, 1, 3), start_idle(ns, 2, 3)):
+        rank = start_rank(ns, 0, 3, 1, "hang", call="finalize")
+        with ended(rank):
+            wait_for_watcher(rank)
             with pytest.raises(subprocess.TimeoutExpired):
                 rank.communicate(timeout=4)  # four times its limit
-            rank.kill()
-            rank.communicate()
-            return
+
+
+def test_in_mpi_finalize_a_rank_on_another_host_gets_the_silent_limit():
+    """Rank 2 did not confirm the shutdown and runs on another host, where
+    nothing can be seen of it: the wait itself gets the limit."""
+    ns = f"test-{uuid.uuid4()}"
+    with ended(start_idle(ns, 1, 3)):
+        rank = start_rank(ns, 0, 3, 1, "hang", call="finalize", local_size=2)
+        wait_for_watcher(rank)
         _, err = rank.communicate(timeout=120)
         assert rank.returncode == -signal.SIGTERM, err
         assert re.match(r"\[0\] ERROR coordinator: MPI_Finalize waits for every rank of the "
@@ -143,11 +148,6 @@ def test_in_mpi_finalize_a_rank_elsewhere_gets_the_silent_limit_one_here_is_wait
                         r"\(COORDINATOR_SILENT_RANK_SECONDS=1\)\. MPI_Finalize cannot be "
                         rf"interrupted, so this rank \(pid {rank.pid}\) is ended", err), err
         assert "rank 1" not in err
-    finally:
-        for proc in (running, other):
-            if proc is not None:
-                proc.kill()
-                proc.wait()
 
 
 def test_the_watcher_goes_once_mpi_init_returns_and_says_nothing():
