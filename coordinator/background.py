@@ -1444,13 +1444,17 @@ class Background:
 
     def _done(self, e, result=None, error=None):
         """Completes one of this rank's entries, wherever it waited."""
+        self._settle(e)
+        self.queue.complete(e, result=result, error=error)
+        self._completed = True
+
+    def _settle(self, e):
+        """Forgets where one of this rank's entries waited, before it completes."""
         if not e.in_rounds and not e.done and self._streamed:
             self._streamed -= 1
         if self.sent.get(e.key) is e:
             del self.sent[e.key]
         self._leave_cycle(e)
-        self.queue.complete(e, result=result, error=error)
-        self._completed = True
 
     def _leave_cycle(self, e):
         """`e` no longer waits in a cycle slot (if it did): its bit is
@@ -1604,11 +1608,18 @@ class Background:
         self._complete(op.entries, op.results)
 
     def _complete(self, entries, results):
+        """Completes this rank's entries among `entries` with their results,
+        together (one pass of the queue's locks for an operation's tensors)."""
+        mine, done = self.queue.get, []
         for e, result in zip(entries, results):
-            if self._mine(e):
+            if e is not None and mine(e.key) is e:
                 if e.cache_id and self.sent_by_id.get(e.cache_id) is e:
                     del self.sent_by_id[e.cache_id]  # answered by name this time
-                self._done(e, result=result)
+                self._settle(e)
+                done.append((e, result))
+        if done:
+            self.queue.complete_all(done)
+            self._completed = True
 
     def _failed(self, resp, entries, exc):
         """This rank's part in `resp` failed (the backend raised): where

@@ -97,8 +97,16 @@ class HandleTable:
         return item if isinstance(item, list) else [item]
 
     def wait(self, handle, health_check=None):
-        item = self._get(handle)
-        group = item if isinstance(item, list) else [item]
+        item = self._items.get(handle)
+        if item is None:
+            item = self._get(handle)  # (raises)
+        if type(item) is not list:  # one entry, completed: the common case, kept short
+            if item.done and item.error is None and item.done_event is None:
+                self._items.pop(handle, None)
+                return item.result
+            group = [item]
+        else:
+            group = item
         if not all(e.done for e in group):
             if self._on_block is not None:
                 self._on_block()

@@ -45,7 +45,7 @@ import zlib
 import numpy as np
 
 from coordinator import dtypes
-from coordinator.response_cache import float_key
+from coordinator.response_cache import NAN_KEY
 from coordinator.wire import pb
 
 def in_rounds(op, process_set_id):
@@ -179,10 +179,13 @@ class SlotTable:
 
 
 def _fusion_key(e):
-    if e.op == pb.BROADCAST:
-        return (e.op, e.process_set_id, e.root_rank, e.device >= 0)
-    return (e.op, e.process_set_id, e.wire_dtype, e.reduce_op, float_key(e.prescale),
-            float_key(e.postscale), e.device >= 0)
+    op = e.op
+    if op == pb.BROADCAST:
+        return (op, e.process_set_id, e.root_rank, e.device >= 0)
+    # float_key's, inline (it runs for every tensor planned): only NaN != NaN.
+    pre, post = e.prescale, e.postscale
+    return (op, e.process_set_id, e.dtype_info.wire, e.reduce_op,
+            pre if pre == pre else NAN_KEY, post if post == post else NAN_KEY, e.device >= 0)
 
 
 def complete_groups(entries):

@@ -14,10 +14,13 @@ import collections
 import math
 
 
+NAN_KEY = ("nan",)
+
+
 def float_key(value):
     """A float as a comparable key: NaN equals NaN (as a scale factor, NaN on
     every rank is agreement, not a mismatch)."""
-    return ("nan",) if math.isnan(value) else value
+    return NAN_KEY if math.isnan(value) else value
 
 
 def request_signature(op, dtype, shape, reduce_op, root_rank, prescale, postscale,

@@ -12,7 +12,7 @@ import threading
 import time
 
 from coordinator.ops_names import op_name
-from coordinator.response_cache import request_signature
+from coordinator.response_cache import NAN_KEY
 from coordinator.wire import pb
 
 # Guards the single completion of an entry: the background thread completes
@@ -58,6 +58,7 @@ class Entry:
                  reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
                  device=-1, splits=(), group="", group_size=0, ranks=(), callback=None,
                  rejected=""):
+        # (collectives._allreduce_entry passes the first fifteen by position.)
         self.name = name
         self.op = op
         self.tensor = tensor
@@ -111,10 +112,14 @@ class Entry:
         return self.dtype_info.wire if self.dtype_info is not None else 0
 
     def signature(self):
-        return request_signature(self.op, self.wire_dtype, self.shape, self.reduce_op,
-                                 self.root_rank, self.prescale, self.postscale,
-                                 self.process_set_id, self.device, self.group,
-                                 self.group_size)
+        """request_signature of its description, built in place (it runs for
+        every tensor taken; x == x is False for NaN alone, as float_key
+        tells)."""
+        pre, post, info = self.prescale, self.postscale, self.dtype_info
+        return (self.op, info.wire if info is not None else 0, tuple(self.shape),
+                self.reduce_op, self.root_rank, pre if pre == pre else NAN_KEY,
+                post if post == post else NAN_KEY, self.process_set_id, self.device >= 0,
+                self.group, self.group_size)
 
     def request(self):
         """Its description in full, for rank 0 (the fields its op uses)."""
@@ -143,13 +148,7 @@ class Entry:
 
     def finish(self, result):
         """Completes the entry with `result`; False if it had completed already."""
-        with _completion:
-            if self.done:
-                return False
-            self.result = result
-            self.done = True
-        self._released()
-        return True
+        return bool(_finish_all(((self, result),)))
 
     def fail(self, error):
         """Completes the entry with `error`; False if it had completed already
@@ -176,6 +175,21 @@ class Entry:
             self._pending.release()  # let any later waiter through at once
             return True
         return False
+
+
+def _finish_all(done):
+    """Completes each (entry, result) of `done` that has not completed yet;
+    returns those it completed."""
+    finished = []
+    with _completion:
+        for entry, result in done:
+            if not entry.done:
+                entry.result = result
+                entry.done = True
+                finished.append(entry)
+    for entry in finished:
+        entry._released()
+    return finished
 
 
 class Signal:
@@ -213,6 +227,11 @@ class Signal:
         return got
 
 
+def _in_flight(entry):
+    return ValueError(f"{entry.describe()}: a tensor with this name is already in flight on "
+                      "this rank; wait for it (synchronize) or use a different name")
+
+
 class TensorQueue:
     """Frontend threads push; the background thread drains and completes."""
 
@@ -232,23 +251,29 @@ class TensorQueue:
     def push_all(self, entries):
         """Queues entries together (a grouped operation's members reach the
         coordinator in one message), or none of them."""
-        with self._lock:
+        inflight = self._inflight
+        self._lock.acquire()  # (a with statement costs twice as much, per tensor)
+        try:
             if self._closed is not None:
                 raise self._closed(entries[0])
-            keys = set()
-            for entry in entries:
-                if entry.key in self._inflight or entry.key in keys:
-                    raise ValueError(
-                        f"{entry.describe()}: a tensor with this name is already in flight "
-                        "on this rank; wait for it (synchronize) or use a different name")
-                keys.add(entry.key)
+            if len(entries) == 1:
+                if entries[0].key in inflight:
+                    raise _in_flight(entries[0])
+            else:
+                keys = set()
+                for entry in entries:
+                    if entry.key in inflight or entry.key in keys:
+                        raise _in_flight(entry)
+                    keys.add(entry.key)
             now = time.time()
             for entry in entries:
                 entry.submit_time = now
                 entry.seq = self.pushed
                 self.pushed += 1
-                self._inflight[entry.key] = entry
+                inflight[entry.key] = entry
                 self._queue.append(entry)
+        finally:
+            self._lock.release()
         if not _quiet.on:
             self.wakeup.set()
 
@@ -303,6 +328,16 @@ class TensorQueue:
             entry.fail(error)
         else:
             entry.finish(result)
+
+    def complete_all(self, done):
+        """complete() with a result for each (entry, result) of `done`, taking
+        each lock once."""
+        inflight = self._inflight
+        with self._lock:
+            for entry, _ in done:
+                if inflight.get(entry.key) is entry:
+                    del inflight[entry.key]
+        _finish_all(done)
 
     def inflight_count(self):
         return len(self._inflight)
