@@ -44,9 +44,16 @@ $(STAMP2): setup.py pyproject.toml proto/coordinator.proto
 	$(VENV2)/bin/pip install --quiet -e ".[torch,tensorflow,test]" "numpy>=2"
 	touch $(STAMP2)
 
+# The native kernels, built again in place when one of their sources changes
+# after the environment was made (pip's editable install built them first).
+NATIVE := build/.native
+$(NATIVE): $(wildcard native/*.c) | $(STAMP)
+	$(PY) setup.py -q build_ext --inplace
+	mkdir -p build && touch $@
+
 DEMO ?= examples/torch/train_digits.py
 
-demo: $(STAMP)
+demo: $(STAMP) $(NATIVE)
 	mkdir -p $(OUT)
 	$(VENV)/bin/coordrun -np 2 --timeline-filename $(OUT)/timeline.json $(PY) $(DEMO)
 	$(PY) -m coordinator.timeline report $(OUT)/timeline.json --plot $(OUT)/stalls.png \
@@ -62,11 +69,11 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-test: $(STAMP) $(STAMP2)
+test: $(STAMP) $(STAMP2) $(NATIVE)
 	$(PY) -m pytest -q $(XDIST) tests
 	$(PY2) -m pytest -q $(XDIST) -p no:cacheprovider $(NUMPY2_TESTS)
 
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	$(PY) -m coordinator.bench
 
 # The GPU tests (tests/gpu) at np=2, on the GPU machine: there, from a copy of

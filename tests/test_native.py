@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from coordinator import native
+from coordinator import dtypes, fusion, native
 
 needs_halfops = pytest.mark.skipif(native.halfops is None,
                                    reason="native kernels not built (no C compiler at install)")
@@ -181,3 +181,122 @@ def test_half_min_max_bits_do_not_depend_on_operand_order(dtype, kind, op):
     ref = _minmax(native.reduce_reference, op, kind, a, b)
     assert np.array_equal(ab.view(np.uint16), ref.view(np.uint16))
     assert list(np.signbit(ab[:2].astype(np.float32))) == [op == 1] * 2
+
+
+# ---- one-call copies into and out of fusion buffers (native/fusecopy.c) ---------
+needs_fusecopy = pytest.mark.skipif(fusion.fusecopy is None,
+                                    reason="native kernels not built (no C compiler at install)")
+
+
+def _tensors(dtype, sizes, seed):
+    """Tensors of `sizes` elements (some 2-D), specials and signalling NaNs
+    among them for the float dtypes."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in sizes:
+        if np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize >= 4:
+            vals = np.resize(_specials(dtype), n)
+            vals[: n // 2] = rng.standard_normal(n // 2) * 1e3
+        else:
+            vals = rng.integers(0, 100, n).astype(dtype)
+        out.append(vals.reshape(n // 4, 4) if n % 4 == 0 and n else vals)
+    return out
+
+
+def _same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _same_values(a, b):
+    """The same bits, but where both are NaN: a product of two NaNs is either
+    one of them (NumPy 1 and 2 pick differently), quieted."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    nan = np.isnan(a)
+    return np.array_equal(nan, np.isnan(b)) and _same_bits(a[~nan], b[~nan])
+
+
+SIZES = [(1,), (0, 5, 8), (3, 0, 4099, 12, 1, 161), [32] * 161]
+
+
+@needs_fusecopy
+@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: f"{len(s)}-tensors")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("scale", [1.0, 0.5, 1 / 3, -2.0, 1e-40, np.nan, np.inf])
+def test_fusecopy_scaled_copies_match_numpy_bit_for_bit(dtype, sizes, scale):
+    # (where both operands are NaN, either NaN's payload is right)
+    agree = _same_bits if scale == scale else _same_values
+    sources = _tensors(dtype, sizes, seed=len(sizes))
+    total = sum(sizes)
+    scaled = fusion._SCALED_KINDS[np.dtype(dtype)]
+    ref, out = np.full(total + 3, 7, dtype), np.full(total + 3, 7, dtype)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        assert fusion.pack_reference(sources, ref, scale) == total
+        # A factor of 1 copies (kind 0), as NumPy's way does: no multiplication
+        # quiets a signalling NaN.
+        assert fusion.fusecopy.pack(0 if scale == 1.0 else scaled, sources, out, scale) == total
+        assert agree(out, ref)  # and the 3 elements past the tensors are untouched
+        assert fusion.pack(sources, out, scale) == total
+        assert agree(out, ref)
+        for divisor in (1, 3):
+            outs = [np.empty_like(s) for s in sources]
+            refs = [np.empty_like(s) for s in sources]
+            kind = 0 if scale == 1.0 and divisor == 1 else scaled
+            assert fusion.unpack_reference(ref, refs, scale, divisor) == total
+            assert fusion.fusecopy.unpack(kind, ref, outs, scale / divisor) == total
+            assert all(agree(o, r) for o, r in zip(outs, refs))
+            outs = [np.empty_like(s) for s in sources]
+            assert fusion.unpack(ref, outs, scale, divisor) == total
+            assert all(agree(o, r) for o, r in zip(outs, refs))
+
+
+@needs_fusecopy
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64, np.float16, np.bool_,
+                                   np.float32])
+def test_fusecopy_plain_copies_match_numpy(dtype):
+    sources = _tensors(dtype, (5, 0, 1000, 3), seed=1)
+    ref, out = np.zeros(1008, dtype), np.zeros(1008, dtype)
+    fusion.pack_reference(sources, ref)
+    assert fusion.fusecopy.pack(0, sources, out, 1.0) == 1008
+    assert _same_bits(out, ref)
+    outs = [np.empty_like(s) for s in sources]
+    assert fusion.fusecopy.unpack(0, ref, outs, 1.0) == 1008
+    assert all(_same_bits(o, s) for o, s in zip(outs, sources))
+
+
+@needs_fusecopy
+def test_fusecopy_leaves_conversions_and_odd_buffers_to_numpy():
+    buf = np.zeros(8, np.float32)
+    strided = np.arange(8, dtype=np.float32)[::2]
+    assert fusion.fusecopy.pack(1, [np.ones(2, np.float32), strided], buf, 2.0) is None
+    assert fusion.fusecopy.pack(0, [np.ones(2, np.float64)], buf, 1.0) is None  # a conversion
+    assert fusion.fusecopy.pack(0, [np.ones(2, np.int32)], buf, 1.0) is None  # same size
+    if dtypes.BFLOAT16 is not None:  # a dtype with no buffer format, as buffer or tensor
+        bf16 = np.ones(4, dtypes.BFLOAT16)
+        assert fusion.fusecopy.pack(0, [bf16[:2], bf16[2:]], np.zeros(4, dtypes.BFLOAT16),
+                                    1.0) is None
+        assert fusion.fusecopy.unpack(0, bf16, [np.zeros(4, dtypes.BFLOAT16)], 1.0) is None
+        out = np.zeros(4, dtypes.BFLOAT16)
+        assert fusion.pack([bf16[:2], bf16[2:]], out) == 4 and (out == 1).all()
+    assert not buf.any()  # nothing copied
+    readonly = np.zeros(2, np.float32)
+    readonly.flags.writeable = False
+    assert fusion.fusecopy.unpack(0, buf, [np.zeros(2, np.float32), readonly], 1.0) is None
+    # The public functions then take NumPy's way: the same values.
+    assert fusion.pack([np.ones(2, np.float32), strided], buf, 2.0) == 6
+    np.testing.assert_array_equal(buf[:6], [2, 2, 0, 4, 8, 12])
+    out = [np.zeros(3, np.float16), np.zeros(3, np.float16)]
+    assert fusion.unpack(buf, out, 1.0, 2) == 6
+    np.testing.assert_array_equal(np.concatenate(out), [1, 1, 0, 2, 4, 6])
+
+
+@needs_fusecopy
+def test_fusecopy_refuses_more_than_the_buffer_holds_and_a_wrong_kind():
+    with pytest.raises(ValueError, match="hold 12 bytes; the fusion buffer 8"):
+        fusion.fusecopy.pack(0, [np.ones(3, np.float32)], np.zeros(2, np.float32), 1.0)
+    with pytest.raises(ValueError, match="hold 12 bytes; the fusion buffer 8"):
+        fusion.fusecopy.unpack(1, np.zeros(2, np.float32), [np.ones(3, np.float32)], 1.0)
+    with pytest.raises(ValueError, match="kind 2 does not match an item size of 4"):
+        fusion.fusecopy.pack(2, [np.ones(1, np.float32)], np.zeros(2, np.float32), 1.0)
+    with pytest.raises(TypeError, match="list or a tuple"):
+        fusion.fusecopy.pack(0, 5, np.zeros(2, np.float32), 1.0)
