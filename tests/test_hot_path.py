@@ -108,3 +108,58 @@ def test_completing_entries_together_lets_the_first_outcome_stand():
     assert queue.inflight_count() == 0
     assert all(e.wait(0) for e in (a, b, c))
     assert not a.finish(5) and a.result == 1
+
+
+def _cached(name, cache_id, n=32, dtype=np.float32, device=-1, op=pb.AVERAGE):
+    arr = np.ones(n, dtype)
+    e = Entry(name, pb.ALLREDUCE, arr, None, info_for(arr.dtype), arr.shape, op, 0, 1.0, 1.0,
+              0, device, (), "", 0)
+    e.cache_id = cache_id
+    return e
+
+
+def _planner(threshold=1 << 20, pack_limit=1 << 16):
+    from coordinator.background import Background
+
+    bg = Background.__new__(Background)
+    bg._plans = {}
+    bg.params = {"fusion_threshold": threshold, "pack_limit": pack_limit}
+    return bg
+
+
+def _shape_of(planned):
+    return [(resp.SerializeToString(deterministic=True), [e.name for e in group])
+            for resp, group in planned]
+
+
+def test_a_cycles_plan_is_made_once_per_list_of_cache_ids_and_is_plan_readys():
+    from coordinator.negotiation import plan_ready
+
+    bg = _planner(threshold=300)
+    make = lambda: [_cached("a", 1), _cached("b", 2, dtype=np.float64), _cached("c", 3),
+                    _cached("d", 4, op=pb.SUM), _cached("e", 5, n=64)]
+    first, second = make(), make()
+    want = plan_ready(first, 300, 1 << 16)
+    assert _shape_of(bg._plan(first)) == _shape_of(want)
+    again = bg._plan(second)
+    assert len(bg._plans) == 1
+    assert _shape_of(again) == _shape_of(want)
+    # This step's entries, not the last step's, in the plan's groups.
+    assert [e for _, group in again for e in group] == [second[i] for i in (0, 2, 1, 3, 4)]
+    # Other ids, another order, other settings or a tensor on a device: planned anew.
+    for entries, planner in (([_cached("a", 1), _cached("c", 3)], bg),
+                             (make()[::-1], bg),
+                             (make(), _planner(threshold=10 ** 6)),
+                             ([_cached("a", 1), _cached("c", 3, device=0)], bg)):
+        assert _shape_of(planner._plan(entries)) == _shape_of(
+            plan_ready(entries, planner.params["fusion_threshold"], 1 << 16))
+    assert len(bg._plans) == 4
+
+
+def test_the_kept_plans_are_bounded():
+    from coordinator import background
+
+    bg = _planner()
+    for i in range(background.PLANS_KEPT + 5):
+        bg._plan([_cached(f"t{i}", 1000 + i)])
+    assert len(bg._plans) <= background.PLANS_KEPT
