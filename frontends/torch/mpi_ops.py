@@ -143,8 +143,11 @@ def synchronize(handle):
         return None
     core_handle, finish, device = pending
     try:
-        with _tensors.on_torch_stream(device):  # a GPU result: torch's stream waits for it
+        if device < 0:  # (no context manager for the CPU, as in _submit)
             result = core.synchronize(core_handle)
+        else:
+            with _tensors.on_torch_stream(device):  # torch's stream waits for the result
+                result = core.synchronize(core_handle)
     except HorovodInternalError:
         raise
     except Exception as exc:  # the core's shutdown/usage errors, as Horovod reports them
@@ -207,8 +210,9 @@ def remove_process_set(process_set):
 # ----------------------------------------------------------------- helpers
 
 def _results(bridged, grouped):
-    outs = tuple(b.written() for b in bridged)
-    return outs if grouped else outs[0]
+    if not grouped:
+        return bridged[0].written()
+    return tuple([b.written() for b in bridged])
 
 
 def _device(bridged):
@@ -238,15 +242,16 @@ def _allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
         raise
     outs = ins if inplace else [_tensors.bridge(_tensors.empty_like(t), prefix, True)
                                 for t in tensors]
-    kwargs = dict(name=name, op=op, prescale_factor=prescale_factor,
-                  postscale_factor=postscale_factor, process_set=process_set)
+    # (by position, in the core's order: keywords cost a gradient 1 us)
     if grouped:
         def call():
-            return core.grouped_allreduce_async([b.array for b in ins],
-                                                outputs=[b.array for b in outs], **kwargs)
+            return core.grouped_allreduce_async([b.array for b in ins], None, name, op,
+                                                prescale_factor, postscale_factor,
+                                                process_set, [b.array for b in outs])
     else:
         def call():
-            return core.allreduce_async(ins[0].array, output=outs[0].array, **kwargs)
+            return core.allreduce_async(ins[0].array, None, name, op, prescale_factor,
+                                        postscale_factor, process_set, outs[0].array)
     return _submit(handle, call, lambda _: _results(outs, grouped), _device(ins or outs))
 
 
