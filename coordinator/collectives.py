@@ -94,7 +94,7 @@ def _name(prefix, name):
 # Names that passed _name's checks: a training step submits the same names
 # every step, and checking one again costs more than finding it here.
 _checked_names = set()
-_CHECKED_NAMES = 1 << 16
+_CHECKED_NAMES = 1 << 14  # (unnamed operations bring a new name each)
 
 
 class _refusal:

@@ -49,3 +49,17 @@ def test_torch_submit_cost_checks_the_results_then_times_the_submissions():
     line = re.search(r"2 ranks, 161 tensors: submit ([\d.]+) us/tensor \(median of 5 steps\)",
                      out)
     assert line and float(line.group(1)) > 0, out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_", [1, 2])
+def test_step_overhead_checks_the_results_then_times_submission_and_waiting(np_):
+    proc = mpirun(["examples/step_overhead.py", "--steps", "5", "--tensors", "7"], np_=np_,
+                  timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    line = re.search(rf"{np_} ranks?, 7 tensors: submit ([\d.]+) us/tensor, synchronize "
+                     r"([\d.]+) us/tensor, background thread ([\d.]+) ms/step, step ([\d.]+) "
+                     r"ms \(median of 5 steps\)", out)
+    assert line, out
+    assert float(line.group(1)) > 0 and float(line.group(4)) > 0, out
