@@ -211,14 +211,18 @@ class Executor:
 
     def _local(self, lane):
         """The operations in flight of process set `lane[0]` on this rank's
-        device `lane[1]` (-1: the host)."""
+        device `lane[1]` (-1: the host). It loops over copies of the lanes,
+        which list() makes in one step of C: busy() is also asked from the
+        threads that submit (Background.lane_idle) while this one changes
+        them, and a loop over the lanes themselves raised RuntimeError
+        ("mutated during iteration") there, out of allreduce_async."""
         pset, device = lane
-        return [op for key, ops in self._lanes.items() if key[0] == pset
-                for op in ops if op.device == device]
+        return [op for key, ops in list(self._lanes.items()) if key[0] == pset
+                for op in list(ops) if op.device == device]
 
     def busy(self, lane):
         """Whether (process set, this rank's device) has an operation in
-        flight."""
+        flight (a hint when asked from another thread)."""
         return bool(self._local(lane))
 
     def on_device(self):

@@ -325,3 +325,42 @@ def test_shutdown_waits_for_communicators_still_being_made():
     assert ops.settle(0.05) is False
     queued.run()
     assert ops.settle(0) is True
+
+
+def test_a_submitting_thread_reads_busy_while_this_thread_changes_the_lanes():
+    """Background.lane_idle asks busy() from the thread that submits, while
+    the background thread starts and finishes operations: a loop over the
+    lanes themselves raised 'deque mutated during iteration' (or the
+    OrderedDict's) there, out of a gradient's allreduce_async."""
+    import sys
+    import threading
+
+    ex = Executor()
+    errors, stop = [], threading.Event()
+
+    def reader():
+        try:
+            while not stop.is_set():
+                for device in (-1, 0, 1):
+                    ex.busy((0, device))
+                    ex.busy((1, device))
+        except Exception as exc:  # noqa: BLE001 (what the test looks for)
+            errors.append(exc)
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not errors:
+            waits = [Waitable(after=2) for _ in range(40)]
+            for i, w in enumerate(waits):
+                ex.start(_op((i % 2, i % 3 - 1), w, device=i % 3 - 1))
+            while ex:
+                ex.progress()
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(before)
+    assert not errors, errors
