@@ -19,7 +19,9 @@ the extension, the NumPy reference runs in the same MPI user-defined
 operation; integer Min and Max keep MPI's built-in ops.
 
 How the MPI backend uses these kernels (as MPI user-defined operations) is
-its own matter: coordinator/ops/mpi_reduce.py.
+its own matter: coordinator/ops/mpi_reduce.py. The third kernel,
+`native/fusecopy.c` (one call to fill or empty a fusion buffer), has its
+NumPy reference beside its use, in coordinator/fusion.py.
 """
 
 from functools import partial
