@@ -216,7 +216,8 @@ def _same_values(a, b):
     return np.array_equal(nan, np.isnan(b)) and _same_bits(a[~nan], b[~nan])
 
 
-SIZES = [(1,), (0, 5, 8), (3, 0, 4099, 12, 1, 161), [32] * 161]
+SIZES = [(1,), (0, 5, 8), (3, 0, 4099, 12, 1, 161), [32] * 161,
+         (70001, 3)]  # (over 256 KiB: copied with the GIL let go)
 
 
 @needs_fusecopy
