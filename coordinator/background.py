@@ -1630,9 +1630,9 @@ class Background:
     def _complete(self, entries, results):
         """Completes this rank's entries among `entries` with their results,
         together (one pass of the queue's locks for an operation's tensors)."""
-        mine, done = self.queue.get, []
+        mine, done = self._mine, []
         for e, result in zip(entries, results):
-            if e is not None and mine(e.key) is e:
+            if mine(e):
                 if e.cache_id and self.sent_by_id.get(e.cache_id) is e:
                     del self.sent_by_id[e.cache_id]  # answered by name this time
                 self._settle(e)

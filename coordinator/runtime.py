@@ -53,10 +53,15 @@ _pid = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
+def fork_of(pid):
+    """Whether this process is a fork (a DataLoader worker, say) of process
+    `pid`, the one that noted it: not that process itself."""
+    return pid != _pid[0]
+
+
 def forked(rt):
-    """Whether this process is a fork of the one that started `rt` (a
-    DataLoader worker, say)."""
-    return rt is not None and rt.pid != _pid[0]
+    """Whether this process is a fork of the one that started `rt`."""
+    return rt is not None and fork_of(rt.pid)
 
 
 def check_process(rt, what):
@@ -364,8 +369,8 @@ def _start_mpi(limit):
 def _finalize_mpi():
     from mpi4py import MPI
 
-    if _state["finalize_mpi"] != os.getpid():
-        return  # a fork: MPI is its parent's
+    if fork_of(_state["finalize_mpi"]):
+        return  # MPI is the parent's
     if MPI.Is_initialized() and not MPI.Is_finalized():
         with mpi_finalize_watched(_state["finalize_watch"]):
             MPI.Finalize()

@@ -240,9 +240,10 @@ class Membership:
 
         A fork of the worker (os.fork) that exits reports nothing: it is not
         the worker."""
-        if self.agent is None or self.pid != os.getpid():
-            return
         from coordinator import runtime
+
+        if self.agent is None or runtime.fork_of(self.pid):
+            return
 
         exc = runtime.uncaught()
         uncaught = exc is not None
