@@ -50,7 +50,7 @@ from coordinator.pacing import DeviceHold, SwitchInterval
 from coordinator.response_cache import WorkerCache
 from coordinator.stall_inspector import StallInspector
 from coordinator.tensor_queue import Entry
-from coordinator.watchdog import CoordinatorWatch, Watchdog
+from coordinator.watchdog import CoordinatorWatch, Heartbeat, Watchdog, watch_times
 from coordinator.wire import pb
 
 log = logging.getLogger("coordinator")
@@ -62,9 +62,12 @@ ERROR_TYPES = {
     pb.INVALID: InvalidOperationError,
     pb.INTERNAL: HorovodInternalError,
     pb.BROKEN: HorovodInternalError,
+    pb.SILENT: StallError,
 }
 # Shutdowns that fail every rank at once with the reason as the error.
-FATAL_KINDS = (pb.STALL, pb.BROKEN)
+FATAL_KINDS = (pb.STALL, pb.BROKEN, pb.SILENT)
+# Rank 0's heartbeat to a worker (watchdog.Heartbeat).
+HEARTBEAT = pb.ResponseList(heartbeat=True).SerializeToString()
 
 # Seconds shutdown() waits for every rank to confirm.
 SHUTDOWN_TIMEOUT = 30.0
@@ -168,6 +171,9 @@ class Collaborators:
     apply_process_set_change: Callable[[Any], Any]  # runs an add/remove response
     fatal: Callable[[BaseException], None]  # the job cannot go on
     check_dead: Callable[[], list]  # peers found dead since the last call
+    # A rank stopped answering: releases the program's own MPI calls
+    # waiting on it (Runtime._release_program_comms).
+    release: Callable[[], None] = lambda: None
 
 
 def _address(plans, resends, outgoing):
@@ -311,6 +317,9 @@ class Background:
             self.watch = CoordinatorWatch(cfg.stall_check_time, cfg.stall_shutdown_time,
                                           cfg.stall_check_disable, silence=cfg.silent_rank_time,
                                           deadlock=cfg.deadlock_time)
+        self.heartbeat = Heartbeat(
+            self.rank, self.size, cfg.silent_rank_time,
+            watch_times(cfg.stall_check_time, 0.0, cfg.stall_check_disable)[0])
         self.autotuner = None
         if self.is_coordinator and self.config.autotune:
             from coordinator.autotune import Autotuner
@@ -1117,6 +1126,7 @@ class Background:
             msg.ParseFromString(payload)
             worked = True
             self.watchdog.heard(source)
+            self.heartbeat.heard(source)
             if msg.shutdown and msg.shutdown_kind in FATAL_KINDS:
                 # A worker gave up on this rank (it was stopped: STALL), or
                 # failed its part of a collective (BROKEN, whose text names
@@ -1213,8 +1223,13 @@ class Background:
             msg.ParseFromString(payload)
             worked = True
             self.watch.heard()
+            self.heartbeat.heard(0)
+            if msg.heartbeat:
+                self.channel.send(0, TAG_REQUEST, b"")  # alive (an empty RequestList)
+                continue
             if msg.shutdown and msg.shutdown_kind in FATAL_KINDS:
-                self._die(ERROR_TYPES[msg.shutdown_kind](msg.shutdown_reason))
+                self._die(ERROR_TYPES[msg.shutdown_kind](msg.shutdown_reason),
+                          msg.shutdown_kind)
                 return True
             if msg.ping:
                 self._pinged = True
@@ -1258,9 +1273,31 @@ class Background:
         """Watchdog duties (watchdog.py): rank 0 pings members of long-running
         collectives (and cycles) and names the silent ones; a worker reports
         while busy and notices rank 0 going silent."""
+        beat = self._heartbeat(now)
+        if self.finished:
+            return True
         if self.is_coordinator:
-            return self._watch_members(now)
-        return self._watch_coordinator(now)
+            return self._watch_members(now) or beat
+        return self._watch_coordinator(now) or beat
+
+    def _heartbeat(self, now):
+        """Liveness whatever is in flight (watchdog.Heartbeat): rank 0 sends
+        its heartbeats; a rank silent for the silence limit fails the job,
+        and every rank releases the program's own MPI calls waiting on it."""
+        beat = self.heartbeat
+        if not beat.enabled:
+            return False
+        sent = beat.beat_due(now)
+        if sent:
+            for rank in range(1, self.size):
+                self.channel.send(rank, TAG_RESPONSE, HEARTBEAT)
+        warnings, fatal = beat.inspect(self._busy(), now)
+        for text in warnings:
+            log.warning("rank %d: %s", self.rank, text)
+        if fatal:
+            self._fail_everywhere(fatal, pb.SILENT)
+            return True
+        return sent
 
     def _own_ops(self):
         """(set, name, op, start time, device, place in its lane, pair) of
@@ -1286,7 +1323,7 @@ class Background:
         for text in warnings:
             log.warning(text)
         if fatal:
-            self._fail_everywhere(fatal)
+            self._fail_everywhere(fatal, pb.SILENT if dog.silent else pb.STALL)
             return True
         for rank in pings:
             self.channel.send(rank, TAG_RESPONSE, pb.ResponseList(ping=True).SerializeToString())
@@ -1322,8 +1359,7 @@ class Background:
                 log.warning("rank %d: %s", self.rank, warning)
             if fatal:
                 # Rank 0 reads this when (if) it runs again, and fails too.
-                self._tell_everyone(fatal, pb.STALL)
-                self._die(StallError(fatal))
+                self._fail_everywhere(fatal, pb.SILENT)
                 return True
         return sent
 
@@ -1342,13 +1378,12 @@ class Background:
         return "work submitted to it"
 
     def _fail_everywhere(self, text, kind=pb.STALL):
-        """A member stopped answering in the middle of a collective (or a
-        cycle), or failed one every member had agreed to run (BROKEN): its
-        peers can never finish it, so the job fails on every rank that can
-        still hear rank 0."""
-        log.error("%s", text)
+        """A member stopped answering (SILENT), or was not found in a
+        collective (or a cycle) the others are in (STALL), or failed one
+        every member had agreed to run (BROKEN): its peers can never finish
+        it, so the job fails on every rank that can still hear rank 0."""
         self._tell_everyone(text, kind)
-        self._die(ERROR_TYPES[kind](text))
+        self._die(ERROR_TYPES[kind](text), kind)
 
     def _tell_everyone(self, text, kind):
         """The job fails with `text` as a `kind` error: rank 0 tells every
@@ -1401,11 +1436,15 @@ class Background:
             ranks = self.parts.members(resp.process_set_id) or ()
         return sorted(set(ranks) - {self.rank})
 
-    def _die(self, exc):
+    def _die(self, exc, kind=None):
         """Leaves at once: collectives in flight are abandoned (a peer will
-        never complete them) and everything pending fails with `exc`."""
+        never complete them) and everything pending fails with `exc`. Where
+        a rank stopped answering (`kind` SILENT), the program's own MPI
+        calls waiting on it are released too."""
         self.executor.abandon()
         self.parts.fatal(exc)
+        if kind == pb.SILENT:
+            self.parts.release()
         self.finished = True
 
     # ----------------------------------------------------------- execution

@@ -12,8 +12,10 @@ a communicator of its own.
 """
 
 import bisect
+import os
 import struct
 import time
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -323,6 +325,32 @@ def revoke(comms):
             pass
 
 
+# The program's own communicators, as weak references: ChainerMN
+# communicators' `mpi_comm` and the ones they were made from, and process
+# sets made from communicators (with the job's own communicator, the one
+# init() was given or MPI.COMM_WORLD, they are what Transport.release
+# revokes).
+_program_comms = []
+
+
+def note_program_comm(comm):
+    """Notes `comm`, a communicator the program may call MPI on itself, for
+    Transport.release."""
+    if comm is None or not hasattr(comm, "Revoke"):
+        return
+    _program_comms[:] = [ref for ref in _program_comms if ref() is not None]
+    if not any(ref() is comm for ref in _program_comms):
+        _program_comms.append(weakref.ref(comm))
+
+
+def fault_tolerant(environ=os.environ):
+    """Whether MPI runs with its fault tolerance on (ULFM: runtime.MPI_DEFAULTS
+    turns it on, and `mpirun --with-ft ulfm` does), without which a revoked
+    communicator releases no call waiting in it."""
+    return environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on",
+                                                                 "enabled")
+
+
 class Transport:
     """The job as the control plane sees it: which ranks there are, a private
     channel for wire messages, and the few blocking exchanges of `init`.
@@ -360,6 +388,20 @@ class Transport:
         """After a peer died: releases everyone still waiting on this job's
         communicators (elastic training re-forms the job afterwards)."""
         revoke(self.made)
+
+    def release(self):
+        """A rank stopped answering, so the job cannot go on: revokes the
+        program's own communicators (the job's, and note_program_comm's),
+        so that its MPI calls waiting in them, which that rank would never
+        finish, raise MPI_ERR_REVOKED (where MPI is fault tolerant) instead
+        of waiting for good. Returns their names (MPI's)."""
+        comms = [self.base]
+        for ref in _program_comms:
+            comm = ref()
+            if comm is not None and comm != MPI.COMM_NULL and not any(comm == c for c in comms):
+                comms.append(comm)
+        revoke(comms)
+        return [comm.Get_name() or f"one of {comm.size} ranks" for comm in comms]
 
     def ranks_of(self, comm):
         """The job's ranks that a user's communicator holds, sorted."""

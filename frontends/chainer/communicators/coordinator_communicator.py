@@ -41,6 +41,7 @@ from mpi4py import MPI
 import coordinator as hvd
 from coordinator import basics, gpu, objects, runtime
 from coordinator import dtypes as core_dtypes
+from coordinator.control_channel import note_program_comm
 from frontends.chainer.communicators.communicator_base import CommunicatorBase
 from frontends.chainer._checks import InvalidArgument
 
@@ -177,6 +178,10 @@ class CoordinatorCommunicator(CommunicatorBase):
         basics.ensure_initialized(comm=mpi_comm)
         self.name = name
         self.mpi_comm = mpi_comm.Dup()
+        # A rank that stops answering fails the job; the program's own MPI
+        # calls waiting on it in these are released then (control_channel).
+        note_program_comm(mpi_comm)
+        note_program_comm(self.mpi_comm)
         self._finalized = False
         self._batched_copy = False  # ChainerMN's, made directly; create_communicator's is True
         self._grad_dtype = None  # pure_nccl's allreduce_grad_dtype

@@ -1,0 +1,80 @@
+"""One rank is stopped (SIGSTOP) while the others wait in an MPI call of
+the program's own, outside the coordinator, with nothing of the
+coordinator's in flight: they used to wait there for good. Run with
+COORDINATOR_SILENT_RANK_SECONDS set low.
+
+    stopped_beside_raw_mpi.py MODE VICTIM
+
+MODE: `world`, a raw `MPI.COMM_WORLD.Barrier()`; `chainer`, ChainerMN's
+`comm.mpi_comm.Barrier()` (frontends.chainer); `set`, a barrier on the
+communicator a process set was made from (ranks 0 and 1, 2 and 3, ...). Every other rank prints what
+its barrier did and what its next allreduce raised, as `RANK r: <what>
+after <seconds> s: <message>`; then they continue the victim, which
+prints what it saw and everyone leaves."""
+
+import os
+import signal
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import peers  # noqa: E402
+
+import coordinator as hvd  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+MODE, VICTIM = sys.argv[1], int(sys.argv[2])
+RESUME = 60.0
+
+if MODE == "set":  # (Horovod's way: a set given to init() by a communicator)
+    comm = MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank // 2)  # ranks 0 and 1, 2 and 3, ...
+    hvd.init(process_sets=[hvd.ProcessSet(comm)])
+else:
+    hvd.init()
+if MODE == "chainer":
+    import frontends.chainer as chainermn
+
+    comm = chainermn.create_communicator("naive").mpi_comm
+elif MODE == "world":
+    comm = MPI.COMM_WORLD
+me = hvd.rank()
+pids = hvd.allgather_object(os.getpid())
+reports = hvd.broadcast_object(tempfile.mkdtemp(prefix="stopped-raw-") if me == 0 else None)
+hvd.allreduce(np.ones(1), name="warm-up")
+
+
+def say(what, start, message):
+    print(f"RANK {me}: {what} after {time.monotonic() - start:.1f} s: {message}", flush=True)
+
+
+if me == VICTIM:
+    peers.stop_self(RESUME)
+    start = time.monotonic()
+    try:
+        hvd.allreduce(np.ones(1), name="after")
+        say("allreduce passed", start, "")
+    except hvd.HorovodInternalError as exc:
+        say(type(exc).__name__, start, exc)
+    peers.leave_mark(reports, f"victim.{me}")
+else:
+    start = time.monotonic()
+    try:
+        comm.Barrier()
+        say("barrier passed", start, "")
+    except MPI.Exception as exc:
+        say("MPI.Exception", start, exc.Get_error_string())
+    start = time.monotonic()
+    try:
+        hvd.allreduce(np.ones(1), name="after")
+        say("allreduce passed", start, "")
+    except hvd.HorovodInternalError as exc:
+        say(type(exc).__name__, start, exc)
+    peers.leave_mark(reports, f"other.{me}")
+    peers.marked(reports, [f"other.{r}" for r in range(len(pids)) if r != VICTIM], RESUME)
+    os.kill(pids[VICTIM], signal.SIGCONT)
+    peers.marked(reports, [f"victim.{VICTIM}"], RESUME)
+hvd.shutdown()
+print(f"RANK {me}: done", flush=True)
