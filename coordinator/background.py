@@ -66,8 +66,9 @@ ERROR_TYPES = {
 }
 # Shutdowns that fail every rank at once with the reason as the error.
 FATAL_KINDS = (pb.STALL, pb.BROKEN, pb.SILENT)
-# Rank 0's heartbeat to a worker (watchdog.Heartbeat).
+# Rank 0's heartbeat to a worker, and its answer (watchdog.Heartbeat).
 HEARTBEAT = pb.ResponseList(heartbeat=True).SerializeToString()
+ALIVE = pb.RequestList(alive=True).SerializeToString()
 
 # Seconds shutdown() waits for every rank to confirm.
 SHUTDOWN_TIMEOUT = 30.0
@@ -1125,8 +1126,13 @@ class Background:
             msg = pb.RequestList()
             msg.ParseFromString(payload)
             worked = True
-            self.watchdog.heard(source)
             self.heartbeat.heard(source)
+            if msg.alive:
+                # Not heard by the watchdog: its pings, sent to members it
+                # has not heard from while a cycle waits, are also what
+                # brings an idle worker into that cycle.
+                continue
+            self.watchdog.heard(source)
             if msg.shutdown and msg.shutdown_kind in FATAL_KINDS:
                 # A worker gave up on this rank (it was stopped: STALL), or
                 # failed its part of a collective (BROKEN, whose text names
@@ -1222,11 +1228,11 @@ class Background:
             msg = pb.ResponseList()
             msg.ParseFromString(payload)
             worked = True
-            self.watch.heard()
             self.heartbeat.heard(0)
             if msg.heartbeat:
-                self.channel.send(0, TAG_REQUEST, b"")  # alive (an empty RequestList)
+                self.channel.send(0, TAG_REQUEST, ALIVE)
                 continue
+            self.watch.heard()
             if msg.shutdown and msg.shutdown_kind in FATAL_KINDS:
                 self._die(ERROR_TYPES[msg.shutdown_kind](msg.shutdown_reason),
                           msg.shutdown_kind)
