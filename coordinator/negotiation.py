@@ -23,7 +23,8 @@ The flags (set on any rank, so every rank sees them):
   cycle (after a short back-off if nothing moved). A slot set on some ranks
   but not all does the same (the cycle carries the complement of the bits
   too, so every rank sees the OR beside the AND). With nothing pending
-  anywhere, nobody cycles and an idle job sends nothing; a step whose
+  anywhere, nobody cycles (an idle job sends only the watchdog's
+  heartbeats, one message each way a second); a step whose
   tensors all arrive before the cycle costs that one cycle.
 - REPORT: someone's steady-state tensor has waited for half the stall check
   time: in the next round every rank describes its waiting tensors in full,

@@ -5,7 +5,8 @@ The stall inspector sees tensors that some ranks never submitted. It cannot
 see a rank that submitted and then stopped (SIGSTOP, a debugger, a frozen
 driver call) while the collective was in flight: the other members simply
 wait for it. The watchdog closes that gap, with messages only while
-something is in flight (an idle job sends nothing):
+something is in flight (the heartbeat, at the end of this file, watches
+liveness whatever is in flight, with one message each way a second):
 
 - A worker with work in flight for longer than `period` reports to rank 0
   every `period`, listing its collectives in flight for that long; rank 0
