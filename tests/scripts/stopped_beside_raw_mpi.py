@@ -3,14 +3,16 @@ the program's own, outside the coordinator, with nothing of the
 coordinator's in flight: they used to wait there for good. Run with
 COORDINATOR_SILENT_RANK_SECONDS set low.
 
-    stopped_beside_raw_mpi.py MODE VICTIM
+    stopped_beside_raw_mpi.py MODE VICTIM [BRIEF]
 
 MODE: `world`, a raw `MPI.COMM_WORLD.Barrier()`; `chainer`, ChainerMN's
 `comm.mpi_comm.Barrier()` (frontends.chainer); `set`, a barrier on the
 communicator a process set was made from (ranks 0 and 1, 2 and 3, ...). Every other rank prints what
 its barrier did and what its next allreduce raised, as `RANK r: <what>
 after <seconds> s: <message>`; then they continue the victim, which
-prints what it saw and everyone leaves."""
+prints what it saw and everyone leaves. With BRIEF (seconds, under the
+silence limit) the victim is stopped only that long, then takes its part
+in the barrier and the allreduce, which pass everywhere."""
 
 import os
 import signal
@@ -27,7 +29,8 @@ import coordinator as hvd  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 MODE, VICTIM = sys.argv[1], int(sys.argv[2])
-RESUME = 60.0
+BRIEF = float(sys.argv[3]) if len(sys.argv) > 3 else None
+RESUME = BRIEF or 60.0
 
 if MODE == "set":  # (Horovod's way: a set given to init() by a communicator)
     comm = MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank // 2)  # ranks 0 and 1, 2 and 3, ...
@@ -50,31 +53,36 @@ def say(what, start, message):
     print(f"RANK {me}: {what} after {time.monotonic() - start:.1f} s: {message}", flush=True)
 
 
-if me == VICTIM:
-    peers.stop_self(RESUME)
-    start = time.monotonic()
-    try:
-        hvd.allreduce(np.ones(1), name="after")
-        say("allreduce passed", start, "")
-    except hvd.HorovodInternalError as exc:
-        say(type(exc).__name__, start, exc)
-    peers.leave_mark(reports, f"victim.{me}")
-else:
+def barrier():
     start = time.monotonic()
     try:
         comm.Barrier()
         say("barrier passed", start, "")
     except MPI.Exception as exc:
         say("MPI.Exception", start, exc.Get_error_string())
+
+
+def allreduce():
     start = time.monotonic()
     try:
         hvd.allreduce(np.ones(1), name="after")
         say("allreduce passed", start, "")
     except hvd.HorovodInternalError as exc:
         say(type(exc).__name__, start, exc)
+
+
+if me == VICTIM:
+    peers.stop_self(RESUME)
+    if BRIEF:
+        barrier()
+    allreduce()
+    peers.leave_mark(reports, f"victim.{me}")
+else:
+    barrier()
+    allreduce()
     peers.leave_mark(reports, f"other.{me}")
-    peers.marked(reports, [f"other.{r}" for r in range(len(pids)) if r != VICTIM], RESUME)
+    peers.marked(reports, [f"other.{r}" for r in range(len(pids)) if r != VICTIM], 60.0)
     os.kill(pids[VICTIM], signal.SIGCONT)
-    peers.marked(reports, [f"victim.{VICTIM}"], RESUME)
+    peers.marked(reports, [f"victim.{VICTIM}"], 60.0)
 hvd.shutdown()
 print(f"RANK {me}: done", flush=True)
