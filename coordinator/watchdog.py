@@ -441,23 +441,35 @@ class Heartbeat:
         if gap > PAUSE_PERIODS * self.period:
             for rank, when in self._heard.items():
                 self._heard[rank] = min(now, when + gap)
-        warnings, fatal = [], None
-        for rank, when in sorted(self._heard.items()):
-            silent = now - when
-            if silent < self.period:
-                continue
-            text = self._text(rank, silent)
-            ends = _fatal(": " + text, silent, 0.0, self.silence)
+        quiet = sorted(((now - when, rank) for rank, when in self._heard.items()
+                        if now - when >= self.period), reverse=True)
+        if quiet:
+            # Every rank not answering now is named: one stopped rank can hold
+            # up the MPI traffic of another (two ranks of a host, one stopped,
+            # the other unheard for as long on the other host: measured), and
+            # rank 0 cannot tell which of them is the stopped one.
+            ends = _fatal(": " + self._text(quiet), quiet[0][0], 0.0, self.silence)
             if ends:
                 return [], ends
+        warnings = []
+        for silent, rank in quiet:
             if self.check_time > 0 and silent >= self.check_time and not busy:
                 last = self._warned.get(rank)
                 if last is None or now - last >= self.check_time:
                     self._warned[rank] = now
-                    warnings.append(text)
-        return warnings, fatal
+                    warnings.append(self._text([(silent, rank)]))
+        return warnings, None
 
-    def _text(self, rank, silent):
-        who = "rank 0 (the coordinator)" if rank == 0 else f"rank {rank}"
-        return (f"{who} has not answered for {silent:.1f} s (rank {rank} is stopped, or its "
-                "coordinator thread cannot run)")
+    @staticmethod
+    def _text(quiet):
+        """What the ranks in `quiet`, (seconds silent, rank) each, longest
+        first, did not do."""
+        if len(quiet) == 1:
+            silent, rank = quiet[0]
+            who = "rank 0 (the coordinator)" if rank == 0 else f"rank {rank}"
+            return (f"{who} has not answered for {silent:.1f} s (rank {rank} is stopped, or its "
+                    "coordinator thread cannot run)")
+        each = ", ".join(f"rank {rank} for {silent:.1f} s" for silent, rank in quiet)
+        return (f"{len(quiet)} ranks have not answered: {each} (one or more is stopped, or "
+                "its coordinator thread cannot run; a stopped rank can hold up the others' "
+                "messages)")

@@ -75,10 +75,20 @@ def test_mpi_fault_tolerance_is_asked_for_in_a_job_of_several_ranks_only(monkeyp
     env = {"OMPI_COMM_WORLD_SIZE": "2"}
     runtime._mpi_defaults(env)
     assert env["OMPI_MCA_mpi_ft_enable"] == "1" and fault_tolerant(env)
+    # Open MPI's hierarchical collectives, not fault tolerant, go with it.
+    assert env["OMPI_MCA_coll"] == "^han"
     env = {}
     runtime._mpi_defaults(env)
     assert "OMPI_MCA_mpi_ft_enable" not in env and not fault_tolerant(env)
+    assert "OMPI_MCA_coll" not in env
     env = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_MCA_mpi_ft_enable": "0"}
     runtime._mpi_defaults(env)
     assert env["OMPI_MCA_mpi_ft_enable"] == "0" and not fault_tolerant(env)
+    assert "OMPI_MCA_coll" not in env
+    env = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_MCA_coll": "^hcoll"}
+    runtime._mpi_defaults(env)
+    assert env["OMPI_MCA_coll"] == "^hcoll"  # the user's choice stands
+    env = {"OMPI_COMM_WORLD_SIZE": "4", "COORDINATOR_ELASTIC": "1"}
+    runtime._mpi_defaults(env)
+    assert "OMPI_MCA_coll" not in env  # (an elastic job revokes nothing of the program's)
     assert fault_tolerant({"OMPI_MCA_mpi_ft_enable": "true"})

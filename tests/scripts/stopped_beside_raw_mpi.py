@@ -16,6 +16,7 @@ in the barrier and the allreduce, which pass everywhere."""
 
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -44,8 +45,11 @@ if MODE == "chainer":
 elif MODE == "world":
     comm = MPI.COMM_WORLD
 me = hvd.rank()
-pids = hvd.allgather_object(os.getpid())
-reports = hvd.broadcast_object(tempfile.mkdtemp(prefix="stopped-raw-") if me == 0 else None)
+# (pid, host): only a rank of the victim's host can continue it (the hosts
+# of tests/test_multihost.py have PID namespaces of their own).
+pids = hvd.allgather_object((os.getpid(), socket.gethostname()))
+reports = hvd.broadcast_object(os.environ.get("REPORTS_DIR") or tempfile.mkdtemp(
+    prefix="stopped-raw-") if me == 0 else None)
 hvd.allreduce(np.ones(1), name="warm-up")
 
 
@@ -82,7 +86,8 @@ else:
     allreduce()
     peers.leave_mark(reports, f"other.{me}")
     peers.marked(reports, [f"other.{r}" for r in range(len(pids)) if r != VICTIM], 60.0)
-    os.kill(pids[VICTIM], signal.SIGCONT)
+    if pids[VICTIM][1] == socket.gethostname():
+        os.kill(pids[VICTIM][0], signal.SIGCONT)
     peers.marked(reports, [f"victim.{VICTIM}"], 60.0)
 hvd.shutdown()
 print(f"RANK {me}: done", flush=True)
