@@ -446,11 +446,15 @@ class Heartbeat:
         quiet = sorted(((now - when, rank) for rank, when in self._heard.items()
                         if now - when >= self.period), reverse=True)
         if quiet:
-            # Every rank not answering now is named: one stopped rank can hold
-            # up the MPI traffic of another (two ranks of a host, one stopped,
-            # the other unheard for as long on the other host: measured), and
-            # rank 0 cannot tell which of them is the stopped one.
-            ends = _fatal(": " + self._text(quiet), quiet[0][0], 0.0, self.silence)
+            # Every rank silent for half the limit too is named: one stopped
+            # rank can hold up the MPI traffic of another (two ranks of a
+            # host, one stopped, the other unheard for as long on the other
+            # host: measured), and rank 0 cannot tell which of them is the
+            # stopped one. (A rank that answers is silent for up to a period
+            # between heartbeats.)
+            named = [q for q in quiet if q[0] >= max(self.silence / 2, 3 * self.period)]
+            ends = _fatal(": " + self._text(named or quiet[:1]), quiet[0][0], 0.0,
+                          self.silence)
             if ends:
                 return [], ends
         warnings = []

@@ -407,15 +407,16 @@ def test_the_watchdog_says_whether_its_fatal_is_about_a_silent_rank():
 def test_the_heartbeat_names_every_rank_not_answering_when_it_fails_the_job():
     """Two ranks of a host, one stopped: the other's messages may be held up
     as long (measured on two hosts of namespaces), and rank 0 cannot tell
-    which is stopped, so the StallError names both, longest silent first."""
+    which is stopped, so the StallError names both, longest silent first;
+    not a rank silent only since the last heartbeat."""
     beat, clock = _beat(size=4)
     fatal = None
     while fatal is None:
         clock.now += 0.25
-        if clock.now % 1.0 == 0:
-            beat.heard(1)
-            if clock.now <= 101.0:
-                beat.heard(2)  # rank 2 unheard from 1 s after rank 3
+        if clock.now % 2.0 == 0.75:
+            beat.heard(1)  # it answers, if slowly: silent 1.25 s when rank 3 fails the job
+        if clock.now == 101.0:
+            beat.heard(2)  # rank 2 unheard from 1 s after rank 3
         _, fatal = beat.inspect()
     assert fatal == ("Stalled: 2 ranks have not answered: rank 3 for 8.0 s, rank 2 for 7.0 s "
                      "(one or more is stopped, or its coordinator thread cannot run; a stopped "
