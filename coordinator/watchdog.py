@@ -445,18 +445,16 @@ class Heartbeat:
                 self._heard[rank] = min(now, when + gap)
         quiet = sorted(((now - when, rank) for rank, when in self._heard.items()
                         if now - when >= self.period), reverse=True)
-        if quiet:
+        if quiet and quiet[0][0] >= self.silence:
             # Every rank silent for half the limit too is named: one stopped
             # rank can hold up the MPI traffic of another (two ranks of a
             # host, one stopped, the other unheard for as long on the other
             # host: measured), and rank 0 cannot tell which of them is the
             # stopped one. (A rank that answers is silent for up to a period
-            # between heartbeats.)
-            named = [q for q in quiet if q[0] >= max(self.silence / 2, 3 * self.period)]
-            ends = _fatal(": " + self._text(named or quiet[:1]), quiet[0][0], 0.0,
-                          self.silence)
-            if ends:
-                return [], ends
+            # between heartbeats; the one past the limit is always named.)
+            least = min(self.silence, max(self.silence / 2, 3 * self.period))
+            named = [q for q in quiet if q[0] >= least]
+            return [], _fatal(": " + self._text(named), quiet[0][0], 0.0, self.silence)
         warnings = []
         for silent, rank in quiet:
             if self.check_time > 0 and silent >= self.check_time and not busy:

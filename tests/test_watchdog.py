@@ -422,3 +422,15 @@ def test_the_heartbeat_names_every_rank_not_answering_when_it_fails_the_job():
                      "(one or more is stopped, or its coordinator thread cannot run; a stopped "
                      "rank can hold up the others' messages); failed after 8 s "
                      "(COORDINATOR_SILENT_RANK_SECONDS)"), fatal
+
+
+def test_under_a_limit_of_few_periods_the_rank_past_it_is_still_named():
+    """COORDINATOR_SILENT_RANK_SECONDS=0.1: the period is its floor (0.05 s),
+    and half the limit with three periods would be past the limit itself."""
+    beat, clock = _beat(silence=0.1)
+    fatal = None
+    while fatal is None:
+        clock.now += 0.01
+        beat.heard(2)
+        _, fatal = beat.inspect()
+    assert fatal.startswith("Stalled: rank 1 has not answered for 0.1 s"), fatal
