@@ -332,6 +332,39 @@ def revoke(comms):
 _program_comms = []
 
 
+# Open MPI numbers every communicator a process holds from 0 in a table of
+# its own, and MPI_Comm_f2c maps a number back (freed ones leave holes that
+# new ones fill, lowest first). _held_comms stops after this many unused
+# numbers in a row.
+_HELD_GAP = 1024
+
+
+def _held_comms(within):
+    """Every intracommunicator of more than one rank that this process
+    holds over ranks of the communicator `within` only, where MPI can list
+    them: Open MPI's (through Fortran handles, above); elsewhere none.
+    Communicators the program made itself and told nobody of
+    (`MPI.COMM_WORLD.Split(...)`) are among them."""
+    if not MPI.Get_library_version().startswith("Open MPI"):
+        return []
+    held, number, missed = [], 0, 0
+    while missed < _HELD_GAP:
+        try:
+            comm = MPI.Comm.f2py(number)
+        except MPI.Exception:  # MPI_ERR_COMM: a hole, or past the end
+            comm = None
+        number += 1
+        if comm is None or comm == MPI.COMM_NULL:
+            missed += 1
+            continue
+        missed = 0
+        if not comm.Is_inter() and comm.Get_size() > 1:
+            outside = MPI.Group.Difference(comm.Get_group(), within.Get_group())
+            if outside.Get_size() == 0:
+                held.append(comm)
+    return held
+
+
 def note_program_comm(comm):
     """Notes `comm`, a communicator the program may call MPI on itself, for
     Transport.release."""
@@ -382,18 +415,22 @@ class Transport:
 
     def release(self):
         """A rank stopped answering, so the job cannot go on: revokes the
-        program's own communicators (the job's, and note_program_comm's),
-        so that its MPI calls waiting in them, which that rank would never
-        finish, raise MPI_ERR_REVOKED (where MPI is fault tolerant:
-        runtime.fault_tolerant) instead of waiting for good. Returns their
-        names (MPI's)."""
+        program's own communicators, so that its MPI calls waiting in them,
+        which that rank would never finish, raise MPI_ERR_REVOKED (where MPI
+        is fault tolerant: runtime.fault_tolerant) instead of waiting for
+        good. They are the job's, note_program_comm's, and every other one
+        over the job's ranks that this process holds (_held_comms), but the
+        control plane's own (`made`: the shutdown notices may still be on
+        their way there).
+        Returns their names (MPI's, else how many ranks they hold)."""
         comms = [self.base]
-        for ref in _program_comms:
-            comm = ref()
-            if comm is not None and comm != MPI.COMM_NULL and not any(comm == c for c in comms):
+        noted = [ref() for ref in _program_comms]
+        for comm in noted + _held_comms(self.base):
+            if (comm is not None and comm != MPI.COMM_NULL
+                    and not any(comm == c for c in comms + self.made)):
                 comms.append(comm)
         revoke(comms)
-        return [comm.Get_name() or f"one of {comm.size} ranks" for comm in comms]
+        return [comm.Get_name() or f"a communicator of {comm.Get_size()} ranks" for comm in comms]
 
     def ranks_of(self, comm):
         """The job's ranks that a user's communicator holds, sorted."""

@@ -274,12 +274,13 @@ def test_a_rank_stopped_joining_an_nccl_communicator_is_named_not_its_peers(wher
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode,np_,victim", [("world", 3, 1), ("world", 3, 0), ("set", 3, 1),
-                                             ("chainer", 2, 1)])
+                                             ("chainer", 2, 1), ("split", 3, 2)])
 def test_a_rank_stopped_while_the_others_wait_in_their_own_mpi_calls_releases_them(
         mode, np_, victim):
     """The others wait in an MPI call of the program's own (a raw
     `MPI.COMM_WORLD.Barrier()`; a barrier on the communicator a process set
-    was made from; ChainerMN's `comm.mpi_comm.Barrier()`), with nothing of
+    was made from; ChainerMN's `comm.mpi_comm.Barrier()`; a barrier on a
+    communicator the program split off and told nobody of), with nothing of
     the coordinator's in flight, while one rank is stopped: they waited
     there for good. Now the heartbeat (watchdog.Heartbeat) fails the job
     after COORDINATOR_SILENT_RANK_SECONDS, naming the stopped rank, and
@@ -302,7 +303,9 @@ def test_a_rank_stopped_while_the_others_wait_in_their_own_mpi_calls_releases_th
     waiting = [r for r in range(np_) if r != victim and (mode != "set" or r // 2 == victim // 2)]
     for rank in waiting:
         (line,) = _lines(out, f"RANK {rank}: MPI.Exception")
-        assert "MPI_ERR_REVOKED" in line, line
+        # (In one run of about forty, Open MPI reported the stopped rank as
+        # failed instead: released all the same.)
+        assert "MPI_ERR_REVOKED" in line or "MPI_ERR_PROC_FAILED" in line, line
         waited = float(line.split(" after ")[1].split(" s")[0])
         assert 2.5 <= waited <= 30.0, line
     for rank in range(np_):
@@ -311,6 +314,8 @@ def test_a_rank_stopped_while_the_others_wait_in_their_own_mpi_calls_releases_th
         assert line.endswith("(COORDINATOR_SILENT_RANK_SECONDS)"), line
         assert f"RANK {rank}: done" in out, out
     assert "revoked the program's own communicators (MPI_COMM_WORLD" in out, out
+    if mode == "split":
+        assert "a communicator of 3 ranks" in out, out
     assert "passed" not in out.replace("RANK 2: barrier passed", ""), out
     assert time.monotonic() - start < 90, out
 

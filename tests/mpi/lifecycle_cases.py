@@ -124,3 +124,38 @@ def case_an_answered_round_completes_through_a_shutdown(hvd):
     hvd.init()
     assert_equal(hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.round"),
                  np.full(1, float(hvd.size())))
+
+
+def case_the_communicators_a_process_holds_are_found_to_be_released(hvd):
+    """control_channel._held_comms (what Transport.release revokes when a
+    rank stops answering) finds a communicator the program made and told
+    nobody of, and a copy of it; not a freed one, nor one of a single rank,
+    nor one over ranks beyond those it is asked about."""
+    from mpi4py import MPI
+
+    from coordinator.control_channel import _held_comms
+
+    world = MPI.COMM_WORLD
+    split = world.Split(0, world.rank)
+    copy = split.Dup()
+    freed = split.Dup()
+    freed_handle = MPI._handleof(freed)
+    freed.Free()
+    alone = world.Split(world.rank, 0)
+    pair = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
+
+    def handles(within):
+        return {MPI._handleof(c) for c in _held_comms(within)}
+
+    held = handles(world)
+    assert {MPI._handleof(c) for c in (world, split, copy)} <= held, held
+    assert MPI._handleof(alone) not in held and freed_handle not in held, held
+    assert MPI._handleof(MPI.COMM_SELF) not in held, held
+    if world.rank < 2:
+        assert MPI._handleof(pair) in held, held
+        within_pair = handles(pair)
+        assert MPI._handleof(pair) in within_pair, within_pair
+        if world.size > 2:
+            assert not {MPI._handleof(c) for c in (world, split, copy)} & within_pair
+    for comm in (split, copy, alone) + ((pair,) if world.rank < 2 else ()):
+        comm.Free()

@@ -7,7 +7,9 @@ COORDINATOR_SILENT_RANK_SECONDS set low.
 
 MODE: `world`, a raw `MPI.COMM_WORLD.Barrier()`; `chainer`, ChainerMN's
 `comm.mpi_comm.Barrier()` (frontends.chainer); `set`, a barrier on the
-communicator a process set was made from (ranks 0 and 1, 2 and 3, ...). Every other rank prints what
+communicator a process set was made from (ranks 0 and 1, 2 and 3, ...);
+`split`, a barrier on a communicator the program split from
+`MPI.COMM_WORLD` after init() and told nobody of. Every other rank prints what
 its barrier did and what its next allreduce raised, as `RANK r: <what>
 after <seconds> s: <message>`; then they continue the victim, which
 prints what it saw and everyone leaves. With BRIEF (seconds, under the
@@ -44,6 +46,8 @@ if MODE == "chainer":
     comm = chainermn.create_communicator("naive").mpi_comm
 elif MODE == "world":
     comm = MPI.COMM_WORLD
+elif MODE == "split":
+    comm = MPI.COMM_WORLD.Split(0, MPI.COMM_WORLD.rank)
 me = hvd.rank()
 # (pid, host): only a rank of the victim's host can continue it (the hosts
 # of tests/test_multihost.py have PID namespaces of their own).
