@@ -4,6 +4,7 @@ import importlib.util
 import os
 
 from coordinator import collectives, runtime
+from coordinator.config import elastic_job
 from coordinator.errors import NotInitializedError
 from coordinator.ops_names import ADD_PROCESS_SET_NAME, REMOVE_PROCESS_SET_NAME
 from coordinator.process_sets import ProcessSet, global_process_set
@@ -37,7 +38,7 @@ def init(comm=None, process_sets=None):
 def _elastic_comm():
     """The elastic job's current communicator (coordinator/elastic), or None
     (COMM_WORLD) outside an elastic job."""
-    if os.environ.get("COORDINATOR_ELASTIC") != "1":
+    if not elastic_job():
         return None
     from coordinator.elastic import membership
 

@@ -15,6 +15,17 @@ MIB = 1024 * 1024
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
+# Set by coordrun's elastic mode for every worker (coordinator/elastic).
+ELASTIC_ENV = "COORDINATOR_ELASTIC"
+
+
+def elastic_job(environ=None):
+    """Whether this process is a worker of an elastic job. Read where no
+    Config is built yet (MPI's settings, the job's communicator), so a
+    function of the environment; it costs no import of coordinator.elastic."""
+    return (os.environ if environ is None else environ).get(ELASTIC_ENV) == "1"
+
+
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 # Other names Horovod's users give them (HOROVOD_LOG_LEVEL, --config-file).
 LOG_LEVEL_ALIASES = {"warn": "warning"}

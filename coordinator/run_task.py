@@ -16,6 +16,7 @@ try:
 except ImportError:  # pragma: no cover - cloudpickle comes with the frameworks
     import pickle as _pickle
 
+from coordinator.config import elastic_job
 from coordinator.elastic import membership, worker
 
 # Where the launchers put a rank's number before MPI starts.
@@ -37,7 +38,7 @@ def _static_size():
 
 
 def main():
-    elastic = worker.enabled()
+    elastic = elastic_job()
     client = worker.client_from_env()
     if not elastic:
         client.register(0, _static_rank(), _static_size(), os.getpid())

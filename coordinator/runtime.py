@@ -18,7 +18,7 @@ import sys
 import threading
 
 from coordinator import log as logsetup
-from coordinator.config import Config
+from coordinator.config import Config, elastic_job
 from coordinator.fusion import FusionBuffers
 from coordinator.handles import HandleTable
 from coordinator.launcher_watch import EXIT_WITH_LAUNCHER, watch_launcher
@@ -91,7 +91,7 @@ class Runtime:
         self.config = config or Config.from_env()
         logsetup.configure(self.config)
         start_mpi(self.config)
-        elastic = os.environ.get("COORDINATOR_ELASTIC") == "1"
+        elastic = elastic_job()
         from coordinator.background import Background, Collaborators
         from coordinator.control_channel import Transport
         from coordinator.ops import create_backends
@@ -229,7 +229,7 @@ class Runtime:
         (Transport.release) to release them with MPI_ERR_REVOKED. Not in an
         elastic job, where MPI's failure detector takes the stopped rank for
         dead and the job re-forms without it."""
-        if os.environ.get("COORDINATOR_ELASTIC") == "1":
+        if elastic_job():
             return
         if not fault_tolerant():
             log.warning("rank %d: MPI's fault tolerance is off (OMPI_MCA_mpi_ft_enable was set "
@@ -364,7 +364,7 @@ def _mpi_defaults(environ):
     if environ.get("OMPI_COMM_WORLD_SIZE", "1") in ("", "0", "1"):
         return
     environ.setdefault(*FAULT_TOLERANCE)
-    if environ.get("COORDINATOR_ELASTIC") != "1" and fault_tolerant(environ):
+    if not elastic_job(environ) and fault_tolerant(environ):
         # Open MPI's hierarchical collectives (coll/han, chosen for blocking
         # collectives across hosts) are not fault tolerant: a barrier of the
         # program's own on a communicator revoked while a rank on another
@@ -385,7 +385,7 @@ def start_mpi(config=None):
     if mpi is None or not mpi.Is_initialized():
         _mpi_defaults(os.environ)
     config = config or Config.from_env()
-    elastic = os.environ.get("COORDINATOR_ELASTIC") == "1"
+    elastic = elastic_job()
     _start_mpi(0 if elastic else config.start_time)
 
 

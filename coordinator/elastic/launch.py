@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 
+from coordinator.config import ELASTIC_ENV
 from coordinator.elastic import auth, hosts as hostlib, service, worker
 from coordinator.elastic.driver import DEFAULT_ELASTIC_TIMEOUT, ElasticDriver, JobStopped
 
@@ -72,7 +73,7 @@ def launch(args, launcher, environ, driver, command, elastic=True):
     server, address = service.serve(driver, secret, bind)
     exports = {auth.ADDRESS_ENV: address, auth.SECRET_ENV: secret}
     if elastic:
-        exports[worker.ELASTIC_ENV] = "1"
+        exports[ELASTIC_ENV] = "1"
     used = {h for h, _ in counts}
     spare = [(h, n) for h, n in driver.hosts.available() if h not in used] if elastic else []
     if not local:

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 
+from coordinator.config import ELASTIC_ENV, elastic_job
 from coordinator.elastic import worker
 from coordinator.errors import HorovodInternalError, finished_peer
 from coordinator.launcher_watch import EXIT_WITH_LAUNCHER
@@ -193,7 +194,7 @@ class Membership:
         from coordinator.elastic import auth
 
         info.Set("PMIX_ENVAR", "\n".join(
-            f"{n}={os.environ[n]}" for n in (worker.ELASTIC_ENV, EXIT_WITH_LAUNCHER,
+            f"{n}={os.environ[n]}" for n in (ELASTIC_ENV, EXIT_WITH_LAUNCHER,
                                              auth.ADDRESS_ENV, auth.SECRET_ENV)
             if n in os.environ))
         if plan.workdir:
@@ -280,7 +281,7 @@ _membership_lock = threading.Lock()
 def current():
     """The process's membership in an elastic job, or None outside one."""
     global _membership
-    if not worker.enabled():
+    if not elastic_job():
         return None
     with _membership_lock:
         if _membership is None:

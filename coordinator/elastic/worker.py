@@ -20,13 +20,7 @@ from coordinator import liveness
 
 log = logging.getLogger("coordinator.elastic")
 
-ELASTIC_ENV = "COORDINATOR_ELASTIC"
 HEARTBEAT_PERIOD = 2.0
-
-
-def enabled(environ=None):
-    environ = os.environ if environ is None else environ
-    return environ.get(ELASTIC_ENV) == "1"
 
 
 def client_from_env(environ=None):
