@@ -768,9 +768,12 @@ class Controller:
                 self._finish(neg)
         if len(self._joined) == self.size:
             last = max(self._joined, key=self._joined.get)
-            self._joined = {}
+            # Planned while the joined ranks are still known: an allreduce
+            # made ready by this last join carries them, and zeros stand in
+            # for their part.
             self._plans.extend(self._fuse(self._ready))
             self._ready = []
+            self._joined = {}
             self._plans.append(Plan(pb.Response(op=pb.JOIN, names=[JOIN_NAME], value=last),
                                     range(self.size)))
 
@@ -844,7 +847,9 @@ class Controller:
             return self._p2p_plan(negs[0])
         req = negs[0].representative()
         members = negs[0].members
-        joined = [m for m in members if m in self._joined]
+        # (A rank that submitted these before joining takes part with them.)
+        joined = [m for m in members
+                  if m in self._joined and any(m not in neg.requests for neg in negs)]
         resp = pb.Response(op=req.op, process_set_id=negs[0].process_set_id, dtype=req.dtype,
                            reduce_op=req.reduce_op, prescale=req.prescale,
                            postscale=req.postscale, root_rank=req.root_rank, device=req.device)

@@ -275,6 +275,22 @@ def test_joined_rank_counts_as_ready_and_gets_specs():
     assert done.recipients == (0, 1, 2)
 
 
+def test_an_allreduce_submitted_with_the_last_join_gets_the_joined_ranks_specs():
+    """The last rank's allreduce and join in one request list: the allreduce
+    is planned before the controller forgets who had joined, so it carries
+    them (zeros stand in for their part) and the join's answer follows it."""
+    ctl = Controller(3)
+    submit(ctl, 0, pb.Request(name="join", op=pb.JOIN))
+    submit(ctl, 1, pb.Request(name="join", op=pb.JOIN))
+    submit(ctl, 2, req("j", (3,)), pb.Request(name="join", op=pb.JOIN))
+    plan, done = ctl.take_plans()
+    assert names(plan) == ["j"] and plan.recipients == (0, 1, 2)
+    assert list(plan.response.joined_ranks) == [0, 1]
+    assert plan.response.specs[0].name == "j" and list(plan.response.specs[0].shape) == [3]
+    assert done.response.op == pb.JOIN and done.response.value == 2
+    assert not ctl.joined()
+
+
 def test_grouped_tensors_wait_for_the_whole_group():
     ctl = Controller(2)
     g1 = req("g_1", group="g", group_size=2)

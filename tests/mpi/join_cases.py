@@ -126,3 +126,30 @@ def case_grouped_allreduce_after_others_joined_keeps_every_ranks_cache_in_step(h
         assert_equal(outs[0], np.full(2, sum(r + 1.0 for r in range(n))))
         assert_equal(outs[1], np.full(3, n * step + 0.0))
         assert_equal(hvd.allreduce(np.ones(3), op=hvd.Sum, name="j.solo"), np.full(3, n * 1.0))
+
+
+def case_an_allreduce_pending_at_the_last_join_gets_zeros_from_the_joined(hvd):
+    """The last rank to join submits allreduces and joins at once, so that
+    they are negotiated together with its join: they complete with the
+    joined ranks' zeros, and the job goes on. They were planned after the
+    controller had forgotten who had joined, so no zeros stood in: every
+    rank failed, 'rank 1 was asked to run allreduce of tensor ..., which it
+    never submitted ... the job cannot go on'."""
+    n, me = hvd.size(), hvd.rank()
+    runner = n - 1
+    for step in range(3):
+        if me == runner:
+            handles = [hvd.allreduce_async(np.full(2, 5.0 + step), op=hvd.Sum,
+                                           name=f"j.last.{step}"),
+                       hvd.allreduce_async(np.full(3, 6.0), op=hvd.Average,
+                                           name=f"j.last.avg.{step}"),
+                       hvd.grouped_allreduce_async([np.ones(1), np.full(2, 2.0)], op=hvd.Sum,
+                                                   name=f"j.last.group.{step}")]
+        assert hvd.join() == runner or me != runner
+        if me == runner:
+            assert_equal(hvd.synchronize(handles[0]), np.full(2, 5.0 + step))
+            assert_equal(hvd.synchronize(handles[1]), np.full(3, 6.0 / n))
+            outs = hvd.synchronize(handles[2])
+            assert_equal(outs[0], np.ones(1))
+            assert_equal(outs[1], np.full(2, 2.0))
+        assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="j.after"), np.full(2, n * 1.0))
