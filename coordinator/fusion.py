@@ -70,15 +70,24 @@ def copy_scaled(src, dst, scale, divisor=1):
 
 
 def scale_inplace(arr, scale, divisor=1):
-    """arr *= scale / divisor. Integers are scaled in float64 and rounded
-    toward zero, dividing last, so that an average that is a whole number
-    comes out exact (6 * (1/3) would truncate to 1; 6 / 3 is 2)."""
+    """arr *= scale / divisor. An integer average (no scale) is the exact
+    quotient rounded toward zero, at any magnitude; integers with a scale
+    are scaled in float64 and rounded toward zero, dividing last, so that
+    an average that is a whole number comes out exact (6 * (1/3) would
+    truncate to 1; 6 / 3 is 2)."""
     if scale == 1.0 and divisor == 1:
         return
     if arr.dtype.kind == "f" and arr.dtype.itemsize >= 4:
         np.multiply(arr, arr.dtype.type(scale / divisor), out=arr)
     elif arr.dtype in native.KINDS:  # float16, bfloat16: one native pass
         native.scale16(arr, scale / divisor)
+    elif scale == 1.0 and arr.dtype.kind in "iu":
+        # Floor division, then toward zero (float64 would lose int64's low
+        # bits past 2**53).
+        rest = arr % divisor
+        np.floor_divide(arr, divisor, out=arr)
+        if arr.dtype.kind == "i":
+            arr += ((rest != 0) & (arr < 0)).astype(arr.dtype)
     else:  # integers
         scaled = arr * float(scale) if scale != 1.0 else arr.astype(np.float64)
         if divisor != 1:

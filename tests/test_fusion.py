@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from coordinator.fusion import FusionBuffers, as_bytes, pack, unpack
+from coordinator.fusion import FusionBuffers, as_bytes, pack, scale_inplace, unpack
 
 
 def test_pack_then_unpack_round_trips_with_scaling():
@@ -23,6 +23,26 @@ def test_integer_scaling_truncates_toward_zero_like_horovod():
     buf = np.empty(3, np.int32)
     pack([np.array([3, -3, 4], np.int32)], buf, 0.5)
     assert buf.tolist() == [1, -1, 2]
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                   np.uint16, np.uint32, np.uint64])
+def test_an_integer_average_is_the_exact_quotient_toward_zero_at_any_magnitude(dtype):
+    """The sum divided by the rank count, rounded toward zero, exactly: in
+    float64, int64 sums past 2**53 lost their low bits (3 * (10**17 + 1) / 3
+    gave 10**17)."""
+    info = np.iinfo(dtype)
+    sums = [info.min, info.min + 1, -7, -6, -1, 0, 1, 5, 6, 7, info.max - 1, info.max]
+    sums = np.array([v for v in sums if v >= info.min], dtype)
+    for divisor in (2, 3, 7):
+        arr = sums.copy()
+        scale_inplace(arr, 1.0, divisor)
+        want = [int(v) // divisor if v >= 0 else -(-int(v) // divisor) for v in sums]
+        assert arr.tolist() == want, (divisor, arr, want)
+    if dtype == np.int64:
+        arr = np.array([3 * (10**17 + 1)], dtype)
+        scale_inplace(arr, 1.0, 3)
+        assert arr.tolist() == [10**17 + 1]
 
 
 def test_bfloat16_is_converted_to_float32_and_back():
