@@ -475,5 +475,5 @@ class Heartbeat:
                     "coordinator thread cannot run)")
         each = ", ".join(f"rank {rank} for {silent:.1f} s" for silent, rank in quiet)
         return (f"{len(quiet)} ranks have not answered: {each} (one or more is stopped, or "
-                "its coordinator thread cannot run; a stopped rank can hold up the others' "
-                "messages)")
+                "its coordinator thread cannot run; on a host with fewer cores than busy "
+                "processes, ranks spinning in MPI calls can keep another off the CPU)")

@@ -301,8 +301,8 @@ def test_a_rank_stopped_on_another_host_releases_the_others_raw_mpi_calls(two_ho
         # and MPI_ERR_OTHER on others; never success)
         assert re.search(rf"RANK {rank}: MPI.Exception after [\d.]+ s: MPI_ERR_", text), text
     for rank in range(4):
-        # Rank 3 named, alone or with rank 2, whose messages to hosta the
-        # stopped rank held up in some runs (1 in 4 to 1 in 10).
+        # Rank 3 named, alone or with rank 2, which the spinning ranks 0 and 1
+        # kept off this machine's two cores in some runs (1 in 3 to 1 in 10).
         assert re.search(rf"RANK {rank}: StallError after [\d.]+ s: .*(rank 3 has not answered "
                          r"for [\d.]+ s|2 ranks have not answered: rank [23] for [\d.]+ s, "
                          r"rank [23] for [\d.]+ s).*\(COORDINATOR_SILENT_RANK_SECONDS\)", text), \

@@ -419,8 +419,9 @@ def test_the_heartbeat_names_every_rank_not_answering_when_it_fails_the_job():
             beat.heard(2)  # rank 2 unheard from 1 s after rank 3
         _, fatal = beat.inspect()
     assert fatal == ("Stalled: 2 ranks have not answered: rank 3 for 8.0 s, rank 2 for 7.0 s "
-                     "(one or more is stopped, or its coordinator thread cannot run; a stopped "
-                     "rank can hold up the others' messages); failed after 8 s "
+                     "(one or more is stopped, or its coordinator thread cannot run; on a host "
+                     "with fewer cores than busy processes, ranks spinning in MPI calls can keep "
+                     "another off the CPU); failed after 8 s "
                      "(COORDINATOR_SILENT_RANK_SECONDS)"), fatal
 
 
