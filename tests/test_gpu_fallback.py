@@ -1032,6 +1032,27 @@ def test_fusion_kernels_match_the_host_reference(tensor_kind, buffer_kind, host_
             pos += n
 
 
+def test_an_integer_average_on_the_device_is_the_exact_quotient(host_kernels):
+    """The unpack kernel divides integers in integers: past 2**53 a double
+    lost int64's low bits (3 * (10**17 + 1) / 3 gave 10**17)."""
+    from coordinator.ops.device_fusion import Kernels, Tables
+
+    cp = gpu_fakes.fake_cupy(kernels=host_kernels)
+    kernels, tables, stream = Kernels(cp), Tables(cp), cp.cuda.Stream()
+    sums = np.array([3 * (10**17 + 1), -3 * (10**17 + 1), -7, 7, -1, 2**63 - 1, -2**63],
+                    np.int64)
+    buf = FakeDeviceArray(sums.copy())
+    out = np.zeros_like(sums)
+    kernels.unpack(tables, stream, buf, [(out.ctypes.data, out.size)], "int64", "int64",
+                   1.0, 3)
+    want = np.array([int(v) // 3 if v >= 0 else -(-int(v) // 3) for v in sums], np.int64)
+    np.testing.assert_array_equal(out, want)
+    small = FakeDeviceArray(np.array([-7, 7, -128, 127], np.int8))
+    out8 = np.zeros(4, np.int8)
+    kernels.unpack(tables, stream, small, [(out8.ctypes.data, 4)], "int8", "int8", 1.0, 2)
+    assert out8.tolist() == [-3, 3, -64, 63]
+
+
 def test_device_phases_are_counted_back_from_when_the_host_saw_them_done(fake_cupy):
     from coordinator.ops.nccl_ops import _Phases
 

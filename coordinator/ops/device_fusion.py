@@ -13,7 +13,8 @@ search in the offsets.
 
 Scaling follows the host path (fusion.py, native.py): float32 and float64
 multiply by scale / divisor in their own precision; float16 and bfloat16
-are widened to float32, multiplied and rounded to nearest even; integers
+are widened to float32, multiplied and rounded to nearest even; an integer
+average is divided in integers (exact, toward zero); integers with a scale
 are scaled in float64 and truncated toward zero, dividing last.
 """
 
@@ -94,9 +95,21 @@ _UNPACK = r"""if (seg == 0) continue;
         seg[j] = y;"""
 
 
+# Between integer kinds, an average (scale 1) divides in integers: C's
+# division rounds toward zero, exactly (a double loses int64's low bits
+# past 2**53).
+_CONVERT_INT = r"""{dst_t} y;
+        if (!scaled) {{ y = ({dst_t})x; }}
+        else if (scale == 1.0) {{ y = ({dst_t})((long long)x / (long long)divisor); }}
+        else {{ double v = (double)(x); v = v * scale; if (divisor != 1.0) v = v / divisor;
+                y = ({dst_t})(v); }}"""
+
+
 def _convert(src, dst):
     src_t, _, load, _ = _KINDS[src]
     dst_t, compute, _, store = _KINDS[dst]
+    if src.startswith(("int", "uint")) and dst.startswith(("int", "uint")):
+        return _CONVERT_INT.format(dst_t=dst_t)  # (no kind wider than int64)
     if compute == "double" and dst.startswith(("int", "uint")):
         scale = "v = v * scale; if (divisor != 1.0) v = v / divisor;"
     else:
