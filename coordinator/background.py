@@ -296,6 +296,8 @@ class Background:
         self._round_started = None
         self._next_control = 0.0
         self._streamed = 0  # this rank's streamed entries not answered yet
+        self._streams_sent = 0  # stream lists this rank sent (RequestList.streamed)
+        self._streams_heard = [0] * self.size  # rank 0: stream lists each rank's reached it
         self._answered = 0  # rank 0: rounds answered; a worker: what rank 0 said it answered
         self.controller = None
         self.watchdog = None
@@ -579,6 +581,8 @@ class Background:
             elif e.op == pb.JOIN:
                 self._join_to_post = True
             taken.append((e, self._slot_for(e)))
+        if self._join_to_post:  # (what comes with a join goes to its round: _before_join)
+            taken = [(e, None) for e, _ in taken]
         for e, slot in _whole_groups(taken):
             if slot is not None:
                 self.fast[slot] = e
@@ -903,10 +907,13 @@ class Background:
         number = self.rounds
         self.rounds += 1
         self._round_started = time.monotonic()
+        self._before_join()
+        self._flush_stream()
         todo = [e for e in self.resend + self.classic if e.in_rounds and not e.done]
         self.resend = [e for e in self.resend if not e.in_rounds]
         self.classic = []
         rl = self._request_list(todo, number)
+        rl.streamed = self._streams_sent
         if report:
             for e in self.fast.values():
                 if not e.reported:
@@ -919,6 +926,24 @@ class Background:
         else:
             self.channel.send(0, TAG_ROUND, rl.SerializeToString())
             self.round = (number, None)
+
+    def _before_join(self):
+        """A join goes to a round, and what this rank submitted before it
+        goes there too, ahead of it: the join completes once every rank has
+        joined, and an operation left waiting in the cycle would then wait
+        for ranks that have gone on (their part is zeros, and only a round
+        gives them those); rank 0 reads a round's requests in order, and one
+        read after its rank's join would meet the other ranks' next step.
+        Between cycles only: a bit in a cycle in flight stays set, as the
+        other ranks saw it."""
+        at = next((i for i, e in enumerate(self.classic) if e.op == pb.JOIN), None)
+        if at is None or not self.fast:
+            return
+        after = self.classic[at:]
+        del self.classic[at:]
+        while self.fast:
+            self._unslot(next(iter(self.fast)))
+        self.classic.extend(after)
 
     def _round_turn(self):
         number, lists = self.round
@@ -939,9 +964,19 @@ class Background:
             moved = True
         if len(lists) < self.size:
             return moved
+        if self._streams_behind(lists):
+            self._control_coordinator()  # (a rank's earlier stream lists first)
+            if self._streams_behind(lists):
+                return moved
         self.round = None
         self._decide_round(lists)
         return True
+
+    def _streams_behind(self, lists):
+        """Rank 0: whether some rank's round list follows stream lists that
+        have not been read here yet."""
+        return any(rl.streamed > self._streams_heard[rank] for rank, rl in lists.items()
+                   if rank)
 
     def _decide_round(self, lists):
         """Rank 0: every rank's requests, in rank order, through the
@@ -1153,6 +1188,8 @@ class Background:
                 self._woken = True  # a worker waits: take part in a cycle
             if msg.cycle:
                 self._ask_everyone_into(msg.cycle)  # a worker's join (_wake_for_join)
+            if msg.streamed:
+                self._streams_heard[source] = max(self._streams_heard[source], msg.streamed)
             if msg.requests or msg.cached:
                 ctl.submit(source, msg)
         own = self._stream_requests()
@@ -1186,7 +1223,22 @@ class Background:
         self.resend = [e for e in self.resend if e.in_rounds]
         self.stream = []
         self._streamed += sum(1 for e in todo if not e.rejected)
-        return self._request_list(todo, 0)
+        rl = self._request_list(todo, 0)
+        self._streams_sent += 1
+        rl.streamed = self._streams_sent
+        return rl
+
+    def _flush_stream(self):
+        """Other sets' requests submitted so far go to rank 0 now, ahead of
+        the round this rank starts (a join or a set's removal in it must be
+        read after them)."""
+        own = self._stream_requests()
+        if own is None:
+            return
+        if self.is_coordinator:
+            self.controller.submit(0, own)
+        else:
+            self.channel.send(0, TAG_REQUEST, own.SerializeToString())
 
     def _stream_out(self, now):
         """Rank 0: other sets' plans and the resends go out as decided; the

@@ -153,3 +153,21 @@ def case_an_allreduce_pending_at_the_last_join_gets_zeros_from_the_joined(hvd):
             assert_equal(outs[0], np.ones(1))
             assert_equal(outs[1], np.full(2, 2.0))
         assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="j.after"), np.full(2, n * 1.0))
+
+
+def case_the_last_join_takes_along_an_allreduce_waiting_in_the_cycle(hvd):
+    """The last rank to join submits a tensor it has submitted before (so it
+    waits in a negotiation cycle's slot) and joins at once. The allreduce
+    goes to rank 0 with the join, ahead of it, and completes with the
+    joined ranks' zeros. It used to stay in the cycle, which no other rank
+    posts once it has joined: the join never completed, and every rank
+    waited until the deadlock check (helper-26's probe hung 5 runs in 5)."""
+    n, me = hvd.size(), hvd.rank()
+    runner = n - 1
+    for step in range(6):
+        if me == runner:
+            handle = hvd.allreduce_async(np.full(2, step + 1.0), op=hvd.Sum, name="j.cycled")
+        assert hvd.join() == runner or me != runner
+        if me == runner:
+            assert_equal(hvd.synchronize(handle), np.full(2, step + 1.0))
+        hvd.barrier()

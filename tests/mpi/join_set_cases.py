@@ -78,3 +78,26 @@ def case_adding_or_removing_a_set_while_a_rank_has_joined_fails_on_every_rank(hv
         out = hvd.allreduce(np.full(2, 1.0), op=hvd.Sum, name="kept.sum", process_set=kept)
         assert_equal(out, np.full(2, 2.0))
     assert hvd.remove_process_set(added) and hvd.remove_process_set(kept)
+
+
+def case_a_sets_allreduce_submitted_with_the_last_join_gets_the_joined_members_zeros(hvd):
+    """The last rank to join submits an allreduce of another set and joins at
+    once. The set's request streams to rank 0 and the join goes in a round:
+    rank 0 reads the stream first (the round's list says how many stream
+    lists came before it), so the allreduce completes with the joined
+    member's zeros. Read after the join, when every rank had joined and
+    rank 0 had forgotten who had, it waited for the other member, which
+    had gone on: random_join.py (SETS=1, seed 7, 3 ranks) hung 1 run in 4."""
+    me, n = hvd.rank(), hvd.size()
+    runner = n - 1
+    tail = hvd.add_process_set([1, runner])
+    for step in range(8):
+        if me == runner:
+            time.sleep(0.05)  # (the others' joins first)
+            handle = hvd.allreduce_async(np.full(3, step + 2.0), op=hvd.Sum,
+                                         name=f"j.streamed.{step % 2}", process_set=tail)
+        assert hvd.join() == runner
+        if me == runner:
+            assert_equal(hvd.synchronize(handle), np.full(3, step + 2.0))
+        hvd.barrier()
+    assert hvd.remove_process_set(tail)

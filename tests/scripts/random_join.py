@@ -5,9 +5,10 @@ In each of several rounds every rank runs its own random number of steps
 allreduces and grouped allreduces (Sum or Average) of random dtypes and
 shapes, drawn from a seed every rank shares and submitted in each rank's
 own random order, some with names used in earlier steps (cached) and some
-new. A rank that has joined takes part with zeros, and Average divides by
-the whole job, as in Horovod: so step s's result is the sum over the ranks
-still running at step s. join() returns the same last rank everywhere.
+new; a rank may submit its last step and join at once, waiting for that
+step's results after join() returns. A rank that has joined takes part
+with zeros, and Average divides by the whole job, as in Horovod: so step
+s's result is the sum over the ranks still running at step s. join() returns the same last rank everywhere.
 Prints "OK <rank> <rounds>" at the end.
 
 With FAKE_GPU=1 every tensor is a "CUDA" array of the fake CuPy
@@ -119,16 +120,25 @@ def check(d, result, expected):
 for rnd in range(ROUNDS):
     shared = random.Random(SEED * 1_000_003 + rnd)
     steps = {r: shared.randint(0, 6) for r in range(SIZE)}
+    defers = {r: random.Random(SEED + rnd * 7 + r).random() < 0.5 for r in range(SIZE)}
     last_to_join = {r for r in steps if steps[r] == max(steps.values())}
+    if any(defers[r] for r in last_to_join):
+        last_to_join = set(range(SIZE))  # (its join may come before the others')
+    deferred = []  # a last step whose results are waited for after join()
     for step in range(steps[ME]):
         running = [r for r in range(SIZE) if steps[r] > step]
         step_rng = random.Random(SEED * 7919 + rnd * 101 + step)
         drawn = [draw(step_rng, rnd, step, i) for i in range(step_rng.randint(1, 4))]
         random.Random(SEED + rnd * 13 + step * 17 + ME).shuffle(drawn)
         pending = [(d,) + submit(d, running) for d in drawn if ME in members(d)]
+        if step == steps[ME] - 1 and defers[ME]:
+            deferred = pending
+            break
         for d, handle, expected in pending:
             check(d, hvd.synchronize(handle), expected)
     last = hvd.join(0 if FAKE_GPU else -1)
+    for d, handle, expected in deferred:
+        check(d, hvd.synchronize(handle), expected)
     # A rank's last step on the global set needs every other rank's join,
     # so the rank with the most steps joins last; with sets it may need
     # only some of them, and a rank that ran out of steps earlier may still
