@@ -451,16 +451,26 @@ class Controller:
         return bool(self._joined)
 
     def forget(self, key, group=""):
-        """Drops an open negotiation: the ranks ran the operation another way
-        (the steady-state path, after some of them had reported it). A
+        """Drops an open negotiation, or a complete one not planned yet: the
+        ranks ran the operation another way (the steady-state path, after
+        some of them had reported it). A
         group member's whole group goes with it (the cycle runs a group
         whole): members it had completed too, which would otherwise wait
         for the next instance's and keep asking for reports."""
         neg = self._pending.pop(key, None)
         if neg is not None:
             self._negotiation_over(neg)
-        if group:
-            self._groups.pop((key[0], group), None)
+        gkey = (key[0], group) if group else None
+        if gkey:
+            self._groups.pop(gkey, None)
+        # Complete, it may wait in _ready for the cycle time (HOROVOD_CYCLE_TIME):
+        # planned, it would run again, with the ranks' next copies.
+        kept = [n for n in self._ready if n.key != key and (gkey is None or n.group != gkey)]
+        if len(kept) < len(self._ready):
+            self._ready = kept
+            self._ready_bytes = sum(n.nbytes for n in kept)
+            if not kept:
+                self._ready_since = None
 
     # ------------------------------------------------------------ stalls
     def inspect_stalls(self, now=None, inside=None, blocked=None):

@@ -474,6 +474,27 @@ def test_cycle_time_holds_ready_tensors_to_fuse_more():
     assert [names(p) for p in ctl.take_plans()] == [["a", "b"]]
 
 
+def test_a_tensor_the_cycle_ran_while_held_for_the_cycle_time_is_not_planned_again():
+    """With HOROVOD_CYCLE_TIME, a complete negotiation waits to fuse with
+    more. Where the ranks ran it in the negotiation cycle meanwhile (some
+    had reported it in a round), forget() drops it from there too, a whole
+    group with it: it was planned anyway, and ran again with the ranks'
+    next copies of the name (a tensor run twice, helper-26's probe)."""
+    clock = FakeClock()
+    ctl = Controller(2, cycle_time=0.005, clock=clock)
+    for rank in (0, 1):
+        submit(ctl, rank, req("a"), req("g_1of2", group="g", group_size=2),
+               req("g_2of2", group="g", group_size=2))
+    assert ctl.take_plans() == []
+    ctl.forget((0, "a"))
+    ctl.forget((0, "g_2of2"), "g")
+    assert ctl.next_deadline() is None  # nothing held now
+    for rank in (0, 1):
+        submit(ctl, rank, req("b"))
+    clock.now += 0.006
+    assert [names(p) for p in ctl.take_plans()] == [["b"]]
+
+
 def test_shutdown_request_is_recorded_with_the_rank():
     ctl = Controller(2)
     ctl.submit(1, pb.RequestList(shutdown=True))
