@@ -62,13 +62,21 @@ class _SyncBatchNorm(torch.autograd.Function):
         dims = [0] + list(range(2, x.dim()))
         count = x.numel() // channels
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        var, mean = torch.var_mean(x.to(work), dim=dims, unbiased=False)
+        if count:
+            var, mean = torch.var_mean(x.to(work), dim=dims, unbiased=False)
+        else:  # (an empty batch on this rank: its statistics weigh nothing, NaN-free)
+            var = mean = torch.zeros(channels, dtype=work, device=x.device)
         local = torch.cat([torch.tensor([float(count)], dtype=torch.float64, device=x.device),
                            mean.double(), (var * count).double()]).unsqueeze(0)
         stats = synchronize(allgather_async(local, name=f"sync_batch_norm.stats.{channels}",
                                             process_set=process_set))
         counts, means, m2s = stats[:, :1], stats[:, 1:1 + channels], stats[:, 1 + channels:]
         total = counts.sum()
+        if not total:
+            raise ValueError(
+                f"SyncBatchNorm: the batch is empty on every rank of the process set "
+                f"(ranks {list(process_set.ranks or range(counts.shape[0]))}): no statistics "
+                "to normalise with")
         g_mean = (counts * means).sum(0) / total
         g_m2 = (m2s + counts * (means - g_mean) ** 2).sum(0)
         g_var = g_m2 / total

@@ -761,3 +761,33 @@ def case_sync_batch_norm_equals_batch_norm_on_the_global_batch(_core):
     sync.eval()
     plain.eval()
     torch.testing.assert_close(sync(xs[me]), plain(xs[me]), atol=1e-12, rtol=0)
+
+
+def case_sync_batch_norm_with_an_empty_batch_on_one_rank_uses_the_others(_core):
+    """Rank 0's batch is empty (an uneven last batch): the statistics are
+    the other ranks', as BatchNorm's over their rows. var_mean of no rows
+    is NaN, which reached every rank's output and running statistics. Empty
+    everywhere, every rank raises ValueError."""
+    n, me = hvd.size(), hvd.rank()
+    sync = hvd.SyncBatchNorm(3).double()
+    plain = nn.BatchNorm1d(3).double()
+    xs = [torch.arange(12.0, dtype=torch.float64).reshape(4, 3) * (r + 1) if r else
+          torch.zeros(0, 3, dtype=torch.float64) for r in range(n)]
+    x = xs[me].clone().requires_grad_()
+    y = sync(x)
+    y.sum().backward()
+    xg = torch.cat(xs).requires_grad_()
+    yg = plain(xg)
+    yg.sum().backward()
+    start = sum(v.shape[0] for v in xs[:me])
+    torch.testing.assert_close(y, yg[start:start + xs[me].shape[0]], atol=1e-10, rtol=0)
+    torch.testing.assert_close(x.grad, xg.grad[start:start + xs[me].shape[0]], atol=1e-10,
+                               rtol=0)
+    torch.testing.assert_close(sync.running_mean, plain.running_mean, atol=1e-10, rtol=0)
+    torch.testing.assert_close(sync.running_var, plain.running_var, atol=1e-10, rtol=0)
+    try:
+        sync(torch.zeros(0, 3, dtype=torch.float64))
+    except ValueError as exc:
+        assert "empty on every rank" in str(exc), exc
+    else:
+        raise AssertionError("an empty batch everywhere did not raise")
