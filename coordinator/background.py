@@ -1192,10 +1192,7 @@ class Background:
                 self._streams_heard[source] = max(self._streams_heard[source], msg.streamed)
             if msg.requests or msg.cached:
                 ctl.submit(source, msg)
-        own = self._stream_requests()
-        if own is not None:
-            ctl.submit(0, own)
-            worked = True
+        worked |= self._flush_stream()
         if worked:
             self._wake_for_device_plans()
         now = time.monotonic()
@@ -1229,16 +1226,17 @@ class Background:
         return rl
 
     def _flush_stream(self):
-        """Other sets' requests submitted so far go to rank 0 now, ahead of
-        the round this rank starts (a join or a set's removal in it must be
-        read after them)."""
+        """Other sets' requests submitted so far go to rank 0 now: as they
+        come, and ahead of a round this rank starts (a join or a set's
+        removal in it must be read after them). Whether there were any."""
         own = self._stream_requests()
         if own is None:
-            return
+            return False
         if self.is_coordinator:
             self.controller.submit(0, own)
         else:
             self.channel.send(0, TAG_REQUEST, own.SerializeToString())
+        return True
 
     def _stream_out(self, now):
         """Rank 0: other sets' plans and the resends go out as decided; the
@@ -1305,10 +1303,7 @@ class Background:
                 self._resend_ids(msg.resend)
             for resp in msg.responses:
                 self._execute(resp)
-        own = self._stream_requests()
-        if own is not None:
-            self.channel.send(0, TAG_REQUEST, own.SerializeToString())
-            worked = True
+        worked |= self._flush_stream()
         if self._shutdown_wanted and not self._shutdown_sent:
             self._ask_shutdown()
             worked = True

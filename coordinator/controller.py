@@ -453,16 +453,18 @@ class Controller:
     def forget(self, key, group=""):
         """Drops an open negotiation, or a complete one not planned yet: the
         ranks ran the operation another way (the steady-state path, after
-        some of them had reported it). A
-        group member's whole group goes with it (the cycle runs a group
-        whole): members it had completed too, which would otherwise wait
-        for the next instance's and keep asking for reports."""
+        some of them had reported it). A group member's whole group goes
+        with it (the cycle runs a group whole): members it had completed
+        too, which would otherwise wait for the next instance's and keep
+        asking for reports."""
         neg = self._pending.pop(key, None)
         if neg is not None:
             self._negotiation_over(neg)
         gkey = (key[0], group) if group else None
         if gkey:
             self._groups.pop(gkey, None)
+        if not self._ready:  # (the steady state: called for every tensor a cycle runs)
+            return
         # Complete, it may wait in _ready for the cycle time (HOROVOD_CYCLE_TIME):
         # planned, it would run again, with the ranks' next copies.
         kept = [n for n in self._ready if n.key != key and (gkey is None or n.group != gkey)]

@@ -8,7 +8,8 @@ own random order, some with names used in earlier steps (cached) and some
 new; a rank may submit its last step and join at once, waiting for that
 step's results after join() returns. A rank that has joined takes part
 with zeros, and Average divides by the whole job, as in Horovod: so step
-s's result is the sum over the ranks still running at step s. join() returns the same last rank everywhere.
+s's result is the sum over the ranks still running at step s. join()
+returns the same last rank everywhere.
 Prints "OK <rank> <rounds>" at the end.
 
 With FAKE_GPU=1 every tensor is a "CUDA" array of the fake CuPy
