@@ -66,3 +66,24 @@ def marked(directory, marks, seconds):
             return False
         time.sleep(0.01)
     return True
+
+
+def while_in_flight(hvd, submit, check, names=("held.a", "held.b")):
+    """Runs `check(name)` on every rank while the tensor `name`, which this
+    rank submitted with `submit(name)`, is certain to be in flight; returns
+    what `check` returned. The ranks but the last hold `names[0]`, the last
+    holds `names[1]`, and each submits the other name only after a barrier
+    that follows every rank's check. (Were one name submitted everywhere
+    first, a slow rank could come to its check after the tensor had
+    completed.) The barrier and the second submission happen even when the
+    check fails, so the other ranks are not left waiting."""
+    last = hvd.rank() == hvd.size() - 1
+    mine, theirs = (names[1], names[0]) if last else names
+    held = submit(mine)
+    try:
+        return check(mine)
+    finally:
+        hvd.barrier()
+        other = submit(theirs)
+        hvd.synchronize(held)
+        hvd.synchronize(other)

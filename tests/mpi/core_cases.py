@@ -10,7 +10,7 @@ import tempfile
 import time
 
 import numpy as np
-from peers import marked
+from peers import marked, while_in_flight
 
 try:
     import ml_dtypes
@@ -468,11 +468,12 @@ def case_mismatched_dtype_op_root_scale_and_reduce_op(hvd):
 
 
 def case_duplicate_name_in_flight_is_value_error(hvd):
-    h = hvd.allreduce_async(np.ones(2), name="dup")
-    exc = expect_raises(ValueError, hvd.allreduce_async, np.ones(2), name="dup")
-    assert "dup" in str(exc) and "in flight" in str(exc)
-    hvd.synchronize(h)
-    hvd.synchronize(hvd.allreduce_async(np.ones(2), name="dup"))  # free again
+    exc = while_in_flight(hvd, lambda name: hvd.allreduce_async(np.ones(2), name=name),
+                          lambda name: expect_raises(ValueError, hvd.allreduce_async,
+                                                     np.ones(2), name=name),
+                          names=("dup.a", "dup.b"))
+    assert "dup." in str(exc) and "in flight" in str(exc)
+    hvd.synchronize(hvd.allreduce_async(np.ones(2), name="dup.a"))  # free again
 
 
 def case_invalid_inputs_give_clear_errors(hvd):
