@@ -170,6 +170,8 @@ class Collaborators:
     members: Callable[[int], Any]  # process set id -> its global ranks
     set_rank_of: Callable[[int, int], int]  # (set, global rank) -> rank in the set
     apply_process_set_change: Callable[[Any], Any]  # runs an add/remove response
+    # A removed set's communicators are freed (once its operations are done).
+    release_process_set: Callable[[int], None]
     fatal: Callable[[BaseException], None]  # the job cannot go on
     check_dead: Callable[[], list]  # peers found dead since the last call
     # A rank stopped answering: releases the program's own MPI calls
@@ -230,6 +232,10 @@ class Background:
         # (its GPU operations are handed out once queued, for the entries
         # that take their results in stream order: _complete_queued)
         self.executor = Executor()
+        # Removed process sets whose operations were still in flight on this
+        # rank: id -> the set's members, until those finish and the set's
+        # communicators are freed (_release_drained).
+        self._draining = {}
         # Operations started per lane, on every member alike (the watchdog
         # compares them: watchdog.py).
         self.lane_counts = {}
@@ -1486,7 +1492,8 @@ class Background:
         if resp.op == pb.P2P:
             ranks = resp.ranks
         else:
-            ranks = self.parts.members(resp.process_set_id) or ()
+            pid = resp.process_set_id
+            ranks = self.parts.members(pid) or self._draining.get(pid) or ()
         return sorted(set(ranks) - {self.rank})
 
     def _die(self, exc, kind=None):
@@ -1613,7 +1620,7 @@ class Background:
                 elif op == pb.JOIN:
                     result = resp.value
                 else:
-                    result = self.parts.apply_process_set_change(resp)
+                    result = self._change_process_sets(resp)
                 self._complete(entries, [result] * len(entries))
                 return
             names = list(resp.names) + [e.name for e in entries[len(resp.names):]]
@@ -1646,6 +1653,26 @@ class Background:
         self._complete_queued()
         for op in done:
             self._finish_op(op)
+
+    def _change_process_sets(self, resp):
+        """Adds or removes a set. A removed set's operations already started
+        here (submitted earlier, not waited for) still use its
+        communicators: those are freed once the last of them finishes, not
+        under them (MPI_ERR_COMM, or a crash, on this rank and a hang on
+        its partners)."""
+        members = self.parts.members(resp.value) if resp.op == pb.REMOVE_PROCESS_SET else None
+        result = self.parts.apply_process_set_change(resp)
+        if members is not None:
+            self._draining[resp.value] = members
+            self._release_drained()
+        return result
+
+    def _release_drained(self):
+        """Frees the communicators of each removed set none of whose
+        operations is in flight any more."""
+        for pid in [p for p in self._draining if not self.executor.runs_set(p)]:
+            del self._draining[pid]
+            self.parts.release_process_set(pid)
 
     def _local_device(self, resp, entries):
         """The device this rank runs `resp` on: -1 for the host; for a GPU,
@@ -1701,6 +1728,13 @@ class Background:
         return bool(queued)
 
     def _finish_op(self, op):
+        try:
+            self._end_op(op)
+        finally:
+            if self._draining:
+                self._release_drained()
+
+    def _end_op(self, op):
         if op.traced:
             self.timeline.op_end(op.names)
         if op.completed_early and op.error is not None:

@@ -225,6 +225,11 @@ class Executor:
         flight (a hint when asked from another thread)."""
         return bool(self._local(lane))
 
+    def runs_set(self, process_set_id):
+        """Whether an operation of the process set is in flight (on any
+        device)."""
+        return any(key[0] == process_set_id for key in self._lanes)
+
     def on_device(self):
         """Whether any operation in flight runs on a GPU (a lane whose device
         is one)."""

@@ -146,7 +146,8 @@ class Runtime:
             local_rank=topo.local_rank,
             initial_process_sets=dict(self.initial_process_sets),
             members=self.process_sets.members, set_rank_of=self.set_rank_of,
-            apply_process_set_change=self.apply_process_set_change, fatal=self.fatal,
+            apply_process_set_change=self.apply_process_set_change,
+            release_process_set=self.release_process_set, fatal=self.fatal,
             check_dead=self.monitor.check, release=self._release_program_comms))
         self.background.start()
 
@@ -195,7 +196,8 @@ class Runtime:
     def apply_process_set_change(self, resp):
         """Runs on the background thread, at the same point of the op order
         on every rank. Backends start making a set's communicators here as
-        it is added, and release them here when it is removed."""
+        it is added; a removed set's are released by release_process_set,
+        once its operations in flight have finished."""
         name = resp.names[0]
         if resp.op == pb.ADD_PROCESS_SET:
             ranks = list(resp.ranks)
@@ -204,8 +206,12 @@ class Runtime:
             self.ops.add_process_set(resp.value)
             return ps
         ps = self.process_sets.unregister(resp.value)
-        self.ops.remove_process_set(resp.value)
         return ps is not None
+
+    def release_process_set(self, process_set_id):
+        """The backends free a removed set's communicators (on the
+        background thread, once none of its operations is in flight)."""
+        self.ops.remove_process_set(process_set_id)
 
     def set_rank_of(self, process_set_id, global_rank):
         members = self.process_sets.members(process_set_id)

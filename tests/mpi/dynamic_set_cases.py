@@ -135,3 +135,28 @@ def case_ranks_asking_for_different_sets_all_hear_so_at_once(hvd):
         exc = expect_raises(hvd.HorovodInternalError, hvd.remove_process_set, ps)
         assert "rank 1 rejected remove_process_set" in str(exc), str(exc)
     assert hvd.remove_process_set(ps)
+
+
+def case_removing_a_set_lets_its_operations_in_flight_finish(hvd):
+    """remove_process_set while the set's large allreduces are still running
+    (submitted, not waited for): they finish with the right sums, and the
+    set's communicator is freed only after them. (It was freed at once, under
+    them: MPI_ERR_COMM on one member and a hang, or a crash, on the other.)"""
+    me, n = hvd.rank(), hvd.size()
+    if n < 3:  # (a set of two that is not the global set)
+        return
+    count = 1 << 21
+    for step in range(4):
+        ps = hvd.add_process_set([0, n - 1])
+        ranks = ps.ranks
+        handles = []
+        if me in ranks:
+            handles = [hvd.allreduce_async(np.full(count, float(me + i + step)), op=hvd.Sum,
+                                           name=f"big.{step}.{i}", process_set=ps)
+                       for i in range(3)]
+        assert hvd.remove_process_set(ps)
+        for i, handle in enumerate(handles):
+            out = hvd.synchronize(handle)
+            want = float(sum(r + i + step for r in ranks))
+            assert out.shape == (count,) and (out == want).all(), (step, i, out[:4], want)
+    hvd.barrier()
