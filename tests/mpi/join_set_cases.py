@@ -2,12 +2,15 @@
 ranks, with stall checks off, so that nothing but the coordinator's own
 rules can end a wait)."""
 
+import shutil
 import time
 import zlib
 
 import numpy as np
 
-from core_cases import assert_equal
+from coordinator.collectives import join_async
+from core_cases import assert_equal, shared_dir, wait_for_marks
+from peers import leave_mark
 
 
 def setup(hvd):
@@ -34,9 +37,9 @@ def case_a_join_reaches_another_sets_allreduce_while_no_rank_waits_on_the_global
     elif me == 0:
         out = hvd.allreduce(np.full(2, 2.0), op=hvd.Average, name="j.pair", process_set=pair)
         assert_equal(out, np.full(2, 1.5))
-    else:
+    elif me == joiner:
         time.sleep(1.0)  # the others settle into waiting, their last cycles over
-    last = hvd.join()
+    last = hvd.join()  # (rank 2 of 4, in neither set, joins first)
     assert last in (0, 1), last  # the two that ran the sets' allreduces
     assert hvd.remove_process_set(tail) and hvd.remove_process_set(pair)
 
@@ -91,13 +94,19 @@ def case_a_sets_allreduce_submitted_with_the_last_join_gets_the_joined_members_z
     me, n = hvd.rank(), hvd.size()
     runner = n - 1
     tail = hvd.add_process_set([1, runner])
+    marks = shared_dir(hvd, "streamed")
     for step in range(8):
-        if me == runner:
-            time.sleep(0.05)  # (the others' joins first)
+        if me == runner:  # the others' joins first
+            wait_for_marks(marks, [f"{step}.{r}" for r in range(n - 1)])
             handle = hvd.allreduce_async(np.full(3, step + 2.0), op=hvd.Sum,
                                          name=f"j.streamed.{step % 2}", process_set=tail)
-        assert hvd.join() == runner
-        if me == runner:
+            assert hvd.join() == runner
             assert_equal(hvd.synchronize(handle), np.full(3, step + 2.0))
+        else:
+            joining = join_async()
+            leave_mark(marks, f"{step}.{me}")
+            assert hvd.synchronize(joining) == runner
         hvd.barrier()
     assert hvd.remove_process_set(tail)
+    if me == runner:
+        shutil.rmtree(marks, ignore_errors=True)

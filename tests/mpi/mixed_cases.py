@@ -58,15 +58,22 @@ def case_tensors_of_both_frameworks_fuse_into_one_response(hvd):
 
     bg = runtime.current().background
     ctl = bg.controller
-    if ctl is not None:
-        ctl.cycle_time = 0.05  # hold ready tensors 50 ms so both can join
     hvd.barrier()
     before = bg.stats["responses"]
-    handle = hvd_torch.allreduce_async(torch.ones(3), name="fuse.torch", op=hvd_torch.Sum)
-    out = hvd_tf.allreduce(tf.ones([2]), name="fuse.tf", op=hvd_tf.Sum)
-    hvd_torch.synchronize(handle)
-    fused = bg.stats["responses"] - before
     if ctl is not None:
-        ctl.cycle_time = 0.0
+        # Rank 0 holds ready tensors until 20 bytes are (both, 12 + 8), not
+        # for a time: a rank late by more than a cycle time split them.
+        # (After the barrier, which it would hold too; before its own part
+        # of either tensor, without which neither is ready.)
+        settings = ctl.cycle_time, ctl.fusion_threshold
+        ctl.cycle_time, ctl.fusion_threshold = 60.0, 20
+    try:
+        handle = hvd_torch.allreduce_async(torch.ones(3), name="fuse.torch", op=hvd_torch.Sum)
+        out = hvd_tf.allreduce(tf.ones([2]), name="fuse.tf", op=hvd_tf.Sum)
+        hvd_torch.synchronize(handle)
+    finally:
+        if ctl is not None:
+            ctl.cycle_time, ctl.fusion_threshold = settings
+    fused = bg.stats["responses"] - before
     assert out.numpy().tolist() == [float(hvd.size())] * 2
     assert fused == 1, f"{fused} responses for the two tensors"
