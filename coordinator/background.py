@@ -1377,7 +1377,7 @@ class Background:
             self._next_watch = float("inf")
             return False
         self._next_watch = now + dog.period / 2
-        members = self.controller.process_sets.get
+        members = self.controller.members_of
         pings, warnings, fatal = dog.inspect(self._own_ops(), members, now, self.lane_counts)
         for text in warnings:
             log.warning(text)

@@ -48,6 +48,10 @@ NOT_WITH_JOIN = frozenset({pb.ALLGATHER, pb.BROADCAST, pb.ALLTOALL, pb.REDUCESCA
 # without it, its own call later found the set it asked for already there,
 # or already gone).
 EVERY_RANK_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET})
+# How many removed sets' members rank 0 keeps for their operations still in
+# flight (a set is removed once its operations have been negotiated; they
+# may still run for a while).
+REMEMBERED_SETS = 256
 
 
 def negotiation_set(op, process_set_id):
@@ -217,6 +221,9 @@ class Controller:
         self.timeline = timeline
         self.clock = clock
         self.process_sets = {0: tuple(range(size))}
+        # Removed sets' members, for their operations still running on some
+        # rank (members_of); the most recent REMEMBERED_SETS of them.
+        self._removed_sets = collections.OrderedDict()
         self._next_process_set_id = 1
         self._pending = {}  # (process set, name) -> _Negotiation
         self._ready = []  # negotiations that passed validation, in readiness order
@@ -800,7 +807,11 @@ class Controller:
             resp = pb.Response(op=pb.ADD_PROCESS_SET, names=[neg.name], value=pid, ranks=ranks)
         else:
             pid = req.process_set_id
-            self.process_sets.pop(pid, None)
+            removed = self.process_sets.pop(pid, None)
+            if removed is not None:
+                self._removed_sets[pid] = removed
+                while len(self._removed_sets) > REMEMBERED_SETS:
+                    self._removed_sets.popitem(last=False)
             for other in [n for n in self._pending.values() if n.process_set_id == pid]:
                 self._pending.pop(other.key, None)
                 self._negotiation_over(other)
@@ -813,6 +824,12 @@ class Controller:
                     del table[key]
             resp = pb.Response(op=pb.REMOVE_PROCESS_SET, names=[neg.name], value=pid)
         return Plan(resp, members)
+
+    def members_of(self, process_set_id):
+        """A set's ranks, also for a set removed while its operations still
+        ran (the watchdog asks about those), or None."""
+        ranks = self.process_sets.get(process_set_id)
+        return ranks if ranks is not None else self._removed_sets.get(process_set_id)
 
     # -------------------------------------------------------------- fusion
     def _fusion_key(self, req):

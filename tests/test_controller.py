@@ -817,3 +817,22 @@ def test_a_group_refused_then_submitted_again_in_one_list_is_two_instances():
     submit(ctl, 0, *group())  # its next instance (its refused one failed as owed)
     (run,) = ctl.take_plans()
     assert not run.response.error and sorted(run.response.names) == ["g_1of2", "g_2of2"]
+
+
+def test_a_removed_sets_members_are_still_known_for_its_operations_in_flight():
+    """remove_process_set may come while the set's operations still run on
+    its members: the watchdog asks for their ranks (members_of), to ping
+    them and name a silent one; the set itself is gone."""
+    ctl = Controller(3)
+    for rank in range(3):
+        submit(ctl, rank, req("add", op=pb.ADD_PROCESS_SET, ranks=[1, 2]))
+    (added,) = ctl.take_plans()
+    pid = added.response.value
+    assert ctl.members_of(pid) == (1, 2)
+    for rank in range(3):
+        submit(ctl, rank, req("remove", op=pb.REMOVE_PROCESS_SET, process_set_id=pid))
+    (removed,) = ctl.take_plans()
+    assert removed.response.op == pb.REMOVE_PROCESS_SET and not removed.response.error
+    assert pid not in ctl.process_sets
+    assert ctl.members_of(pid) == (1, 2)
+    assert ctl.members_of(pid + 1) is None
