@@ -1093,6 +1093,11 @@ class Background:
     def _request_list(self, entries, number):
         rl = pb.RequestList(round=number)
         refused = set()  # keys this list refuses
+        # With a join, every request goes in full: one sent by a cache id
+        # that rank 0 has evicted meanwhile would be asked for again, and
+        # come back after the join had completed in this round (the other
+        # ranks gone on, it would wait for them for good).
+        full = any(e.op == pb.JOIN for e in entries)
         for e in entries:
             if e.rejected:
                 refused.add(e.key)
@@ -1102,7 +1107,7 @@ class Background:
             # a process set's stream).
             behind = bool(refused) and not e.rejected and _copy_of(e, refused)
             try:
-                self._describe(rl, e, cached=not behind)
+                self._describe(rl, e, cached=not (behind or full))
             except Exception as exc:  # one entry's description never stops the loop
                 self._done(e, error=HorovodInternalError(
                     f"{e.describe()}: could not be sent to the coordinator: {exc!r}"))
@@ -1660,10 +1665,11 @@ class Background:
         communicators: those are freed once the last of them finishes, not
         under them (MPI_ERR_COMM, or a crash, on this rank and a hang on
         its partners)."""
-        members = self.parts.members(resp.value) if resp.op == pb.REMOVE_PROCESS_SET else None
+        removing = resp.op == pb.REMOVE_PROCESS_SET
+        members = self.parts.members(resp.value) if removing else None
         result = self.parts.apply_process_set_change(resp)
-        if members is not None:
-            self._draining[resp.value] = members
+        if removing:
+            self._draining[resp.value] = members or ()
             self._release_drained()
         return result
 

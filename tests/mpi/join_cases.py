@@ -155,6 +155,49 @@ def case_an_allreduce_pending_at_the_last_join_gets_zeros_from_the_joined(hvd):
         assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="j.after"), np.full(2, n * 1.0))
 
 
+def case_an_allreduce_by_an_evicted_cache_id_with_the_last_join_gets_the_zeros(hvd):
+    """The last rank to join submits a cached allreduce and joins at once,
+    and rank 0 has evicted the tensor's cache id by the time it reads that
+    rank's list (here rank 0 drops the ids of a list that carries a join
+    just before reading it; in a job, another set's new tensors evict it
+    before the rank hears). A list with a join describes every request in
+    full: sent by its id, the allreduce was asked for again and came after
+    the join had completed, the others gone on (random_join.py, seed 207,
+    4 ranks, a cache of two, hung every time)."""
+    from coordinator import runtime
+    from coordinator.wire import pb
+
+    n, me = hvd.size(), hvd.rank()
+    runner = n - 1
+    for _ in range(2):  # cached on every rank
+        hvd.allreduce(np.ones(2), op=hvd.Sum, name="j.evicted")
+    ctl = runtime.current().background.controller if me == 0 else None
+    if ctl is not None:
+        submit = ctl.submit
+
+        def evicting(rank, request_list):
+            if rank == runner and any(r.op == pb.JOIN for r in request_list.requests):
+                for cached in request_list.cached:
+                    if ctl.cache.get(cached.cache_id) is not None:
+                        ctl.cache._drop(cached.cache_id)
+            return submit(rank, request_list)
+
+        ctl.submit = evicting
+    try:
+        for step in range(4):
+            if me == runner:
+                handle = hvd.allreduce_async(np.full(2, step + 1.0), op=hvd.Sum,
+                                             name="j.evicted")
+            last = hvd.join()
+            if me == runner:
+                assert_equal(hvd.synchronize(handle), np.full(2, step + 1.0))
+                assert last == runner, last
+            hvd.barrier()
+    finally:
+        if ctl is not None:
+            ctl.submit = submit
+
+
 def case_the_last_join_takes_along_an_allreduce_waiting_in_the_cycle(hvd):
     """The last rank to join submits a tensor it has submitted before (so it
     waits in a negotiation cycle's slot) and joins at once. The allreduce
