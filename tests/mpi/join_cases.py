@@ -6,9 +6,14 @@ that calls it while a rank has joined. Each case runs with every rank in turn
 joining first, then goes on with more collectives in the same process.
 """
 
+import shutil
+
 import numpy as np
 
-from core_cases import BF16, REDUCE_DTYPES, assert_equal, data, expect_raises
+from coordinator.collectives import join_async
+from core_cases import (BF16, REDUCE_DTYPES, assert_equal, data, expect_raises, shared_dir,
+                        wait_for_marks)
+from peers import leave_mark
 
 SHAPES = [(), (3,), (2, 3), (2, 1, 2)]
 
@@ -137,15 +142,19 @@ def case_an_allreduce_pending_at_the_last_join_gets_zeros_from_the_joined(hvd):
     never submitted ... the job cannot go on'."""
     n, me = hvd.size(), hvd.rank()
     runner = n - 1
+    marks = shared_dir(hvd, "pending")
     for step in range(3):
         if me == runner:
+            _after_the_others_joined(marks, step, n)
             handles = [hvd.allreduce_async(np.full(2, 5.0 + step), op=hvd.Sum,
                                            name=f"j.last.{step}"),
                        hvd.allreduce_async(np.full(3, 6.0), op=hvd.Average,
                                            name=f"j.last.avg.{step}"),
                        hvd.grouped_allreduce_async([np.ones(1), np.full(2, 2.0)], op=hvd.Sum,
                                                    name=f"j.last.group.{step}")]
-        assert hvd.join() == runner or me != runner
+            assert hvd.join() == runner
+        else:
+            _joined_with_a_mark(hvd, marks, step, runner)
         if me == runner:
             assert_equal(hvd.synchronize(handles[0]), np.full(2, 5.0 + step))
             assert_equal(hvd.synchronize(handles[1]), np.full(3, 6.0 / n))
@@ -153,6 +162,8 @@ def case_an_allreduce_pending_at_the_last_join_gets_zeros_from_the_joined(hvd):
             assert_equal(outs[0], np.ones(1))
             assert_equal(outs[1], np.full(2, 2.0))
         assert_equal(hvd.allreduce(np.ones(2), op=hvd.Sum, name="j.after"), np.full(2, n * 1.0))
+    if me == runner:
+        shutil.rmtree(marks, ignore_errors=True)
 
 
 def case_an_allreduce_by_an_evicted_cache_id_with_the_last_join_gets_the_zeros(hvd):
@@ -183,19 +194,36 @@ def case_an_allreduce_by_an_evicted_cache_id_with_the_last_join_gets_the_zeros(h
             return submit(rank, request_list)
 
         ctl.submit = evicting
+    marks = shared_dir(hvd, "evicted")
     try:
         for step in range(4):
             if me == runner:
+                _after_the_others_joined(marks, step, n)
                 handle = hvd.allreduce_async(np.full(2, step + 1.0), op=hvd.Sum,
                                              name="j.evicted")
-            last = hvd.join()
-            if me == runner:
+                assert hvd.join() == runner
                 assert_equal(hvd.synchronize(handle), np.full(2, step + 1.0))
-                assert last == runner, last
+            else:
+                _joined_with_a_mark(hvd, marks, step, runner)
             hvd.barrier()
     finally:
         if ctl is not None:
             ctl.submit = submit
+    if me == runner:
+        shutil.rmtree(marks, ignore_errors=True)
+
+
+def _joined_with_a_mark(hvd, marks, step, runner):
+    """A rank but the runner joins, leaving a mark once its join is queued,
+    so that the runner's comes last (a rank slower to leave the last
+    barrier than the runner to reach its join would join after it)."""
+    joining = join_async()
+    leave_mark(marks, f"{step}.{hvd.rank()}")
+    assert hvd.synchronize(joining) == runner
+
+
+def _after_the_others_joined(marks, step, n):
+    wait_for_marks(marks, [f"{step}.{r}" for r in range(n - 1)])
 
 
 def case_the_last_join_takes_along_an_allreduce_waiting_in_the_cycle(hvd):
@@ -207,10 +235,15 @@ def case_the_last_join_takes_along_an_allreduce_waiting_in_the_cycle(hvd):
     waited until the deadlock check (helper-26's probe hung 5 runs in 5)."""
     n, me = hvd.size(), hvd.rank()
     runner = n - 1
+    marks = shared_dir(hvd, "cycled")
     for step in range(6):
         if me == runner:
+            _after_the_others_joined(marks, step, n)
             handle = hvd.allreduce_async(np.full(2, step + 1.0), op=hvd.Sum, name="j.cycled")
-        assert hvd.join() == runner or me != runner
-        if me == runner:
+            assert hvd.join() == runner
             assert_equal(hvd.synchronize(handle), np.full(2, step + 1.0))
+        else:
+            _joined_with_a_mark(hvd, marks, step, runner)
         hvd.barrier()
+    if me == runner:
+        shutil.rmtree(marks, ignore_errors=True)
