@@ -73,8 +73,12 @@ def test_random_collectives_match_numpy_on_every_rank(setting):
     (4, {"SETS": "1", "HOROVOD_STALL_CHECK_DISABLE": "1"}),
     # "CUDA" arrays through the NCCL backend (fake CuPy): its zero
     # stand-ins for the joined ranks, on the global set and the others
-    (3, {"SETS": "1", "FAKE_GPU": "1"})],
-    ids=["2", "3", "3_cache_of_two", "4_sets", "3_sets_fake_gpu"])
+    (3, {"SETS": "1", "FAKE_GPU": "1"}),
+    # a cache of two beside sets: ids evicted by one set's new tensors
+    # while a rank of another sends them (a request sent by one with the
+    # last join came back after the join had completed: seed 207)
+    (4, {"SETS": "1", "HOROVOD_CACHE_CAPACITY": "2", "FAKE_GPU": "1"})],
+    ids=["2", "3", "3_cache_of_two", "4_sets", "3_sets_fake_gpu", "4_sets_cache_of_two"])
 def test_random_uneven_steps_with_join_match_numpy_on_every_rank(np_, env):
     """Each rank runs its own number of steps and joins, round after round;
     what the joined ranks stand in for is checked too (a grouped allreduce
