@@ -52,6 +52,10 @@ EVERY_RANK_OPS = frozenset({pb.ADD_PROCESS_SET, pb.REMOVE_PROCESS_SET})
 # flight (a set is removed once its operations have been negotiated; they
 # may still run for a while).
 REMEMBERED_SETS = 256
+# How long rank 0 holds a rank's join back for requests it asked that rank
+# to send again in full (Controller._hold_join); past it, the join counts
+# as it came (a request the rank could no longer send, its tensor failed).
+RESEND_WAIT_SECONDS = 10.0
 
 
 def negotiation_set(op, process_set_id):
@@ -245,6 +249,11 @@ class Controller:
         self._joined = {}  # rank -> order of joining
         self._plans = []
         self._resend = {}  # rank -> [cache ids to send in full]
+        # rank -> {(process set, name): when asked} of those ids, until the
+        # rank sends the request; and rank -> (its join, when held) while it
+        # waits for them (_hold_join).
+        self._awaiting = {}
+        self._held_joins = {}
         self.shutdown_reason = ""
         self.shutdown_finished = False
 
@@ -261,10 +270,15 @@ class Controller:
                 template = self.cache.get(cached.cache_id)
                 if template is None:
                     self._resend.setdefault(rank, []).append(cached.cache_id)
+                    self._await_resend(rank, cached.cache_id)
                 else:
                     self.submit_request(rank, template, cached.submit_time, cached.cache_id)
             for req in request_list.requests:
+                if self._awaiting and rank in self._awaiting:
+                    self._resent(rank, req)
                 self.submit_request(rank, req, req.submit_time)
+            if self._held_joins:
+                self._release_joins()
         finally:
             self._reading = None
             self._batch_failed.clear()
@@ -280,7 +294,8 @@ class Controller:
 
     def submit_request(self, rank, req, submit_time=0.0, cache_id=0):
         if req.op == pb.JOIN:
-            self._join(rank, req)
+            if not self._hold_join(rank, req):
+                self._join(rank, req)
             return
         name = req.name
         pset = negotiation_set(req.op, req.process_set_id)
@@ -361,6 +376,8 @@ class Controller:
         """The plans decided since the last call, in the order to run them.
         With global_set=False, the global set's stay for a later call (they
         go out at negotiation rounds; see negotiation.py)."""
+        if self._held_joins:
+            self._release_joins(now)
         if self._ready and not self._holding(now):
             self._plans.extend(self._fuse(self._ready))
             self._ready = []
@@ -373,6 +390,50 @@ class Controller:
             self._plans = [p for p in self._plans if _round_bound(p.response)]
         return plans
 
+    # ------------------------------------------------------------- resends
+    def _await_resend(self, rank, cache_id):
+        key = self.cache.dropped_key(cache_id)
+        if key is not None:
+            self._awaiting.setdefault(rank, {})[key] = self.clock()
+
+    def _resent(self, rank, req):
+        waits = self._awaiting[rank]
+        waits.pop((negotiation_set(req.op, req.process_set_id), req.name), None)
+        if not waits:
+            del self._awaiting[rank]
+
+    def _still_awaited(self, rank, now):
+        """Whether rank 0 still waits for `rank` to send again in full a
+        request it sent by an id rank 0 had dropped (not for longer than
+        RESEND_WAIT_SECONDS)."""
+        waits = self._awaiting.get(rank)
+        if not waits:
+            return False
+        for key in [k for k, since in waits.items() if now - since > RESEND_WAIT_SECONDS]:
+            del waits[key]
+        if not waits:
+            del self._awaiting[rank]
+            return False
+        return True
+
+    def _hold_join(self, rank, req):
+        """A rank's join waits for the requests rank 0 asked it to send again:
+        sent by an id rank 0 had dropped just before (another set's new
+        tensors evicted it before the rank heard), they come in a later
+        list, and a join that completed first would have let the other
+        ranks go on, leaving them to wait for ranks that never come (a
+        joined rank stands in with zeros only until every rank has
+        joined). Whether it is held."""
+        if not self._still_awaited(rank, self.clock()):
+            return False
+        self._held_joins[rank] = req
+        return True
+
+    def _release_joins(self, now=None):
+        now = self.clock() if now is None else now
+        for rank in [r for r in self._held_joins if not self._still_awaited(r, now)]:
+            self._join(rank, self._held_joins.pop(rank))
+
     def take_resends(self):
         resend, self._resend = self._resend, {}
         return resend
@@ -384,7 +445,7 @@ class Controller:
         return None
 
     def has_pending(self):
-        return bool(self._pending or self._ready or self._plans)
+        return bool(self._pending or self._ready or self._plans or self._held_joins)
 
     def take_notices(self):
         """rank -> error Responses of operations the rank owes (see above),

@@ -38,6 +38,9 @@ def signature_of(req):
                              req.group, req.group_size)
 
 
+DROPPED_KEYS = 4096
+
+
 class CoordinatorCache:
     """Rank 0's table: cache id -> the request it stands for."""
 
@@ -48,6 +51,10 @@ class CoordinatorCache:
         self._next_id = 1
         self._evicted = []  # ids dropped, in order; ranks hear of them by sequence
         self._evicted_base = 0  # sequence number of _evicted[0]
+        # id -> (process set, name) of the last DROPPED_KEYS ids dropped: a
+        # rank that sends one before it hears is asked for its request in
+        # full, and rank 0 knows which tensor it waits for (dropped_key).
+        self._dropped = collections.OrderedDict()
 
     @property
     def enabled(self):
@@ -99,6 +106,13 @@ class CoordinatorCache:
         if self._by_name.get(key) == cache_id:
             del self._by_name[key]
         self._evicted.append(cache_id)
+        self._dropped[cache_id] = key
+        while len(self._dropped) > DROPPED_KEYS:
+            self._dropped.popitem(last=False)
+
+    def dropped_key(self, cache_id):
+        """(process set, name) of a recently dropped id, or None."""
+        return self._dropped.get(cache_id)
 
     def evictions_since(self, seq):
         """(ids dropped since sequence number `seq`, the new sequence number)."""

@@ -291,6 +291,76 @@ def test_an_allreduce_submitted_with_the_last_join_gets_the_joined_ranks_specs()
     assert not ctl.joined()
 
 
+def _with_a_dropped_id(clock=None):
+    """Rank 0 has cached "a" of process set 1 ({0, 1}), then dropped its id
+    for "b" and "c" (a cache of two): the id rank 1 sends next, as it has
+    not heard, is one rank 0 no longer knows."""
+    ctl = Controller(3, cache_capacity=2, **({"clock": clock} if clock else {}))
+    pid = _add_set(ctl, [0, 1])
+    for name in ("a", "b", "c"):
+        for rank in (0, 1):
+            submit(ctl, rank, req(name, process_set_id=pid))
+    plans = ctl.take_plans()
+    stale = plans[0].response.new_cache_ids[0]
+    assert ctl.cache.get(stale) is None
+    return ctl, pid, stale
+
+
+def _add_set(ctl, ranks):
+    for rank in range(ctl.size):
+        submit(ctl, rank, req("add", op=pb.ADD_PROCESS_SET, ranks=ranks))
+    (added,) = ctl.take_plans()
+    return added.response.value
+
+
+def test_a_join_waits_for_the_requests_its_rank_was_asked_to_send_again():
+    """Rank 1 sends another set's allreduce by an id rank 0 had dropped, then
+    joins as the last rank: the join waits until the allreduce comes again
+    in full, so it runs with rank 0's zeros before the join completes. (The
+    join completed first, and the allreduce waited for rank 0, which had
+    gone on: random_join.py with a cache of one hung 2 jobs in 111.)"""
+    ctl, pid, stale = _with_a_dropped_id()
+    submit(ctl, 0, pb.Request(name="join", op=pb.JOIN))
+    submit(ctl, 2, pb.Request(name="join", op=pb.JOIN))
+    submit(ctl, 1, cached=[stale])
+    assert ctl.take_resends() == {1: [stale]}
+    submit(ctl, 1, pb.Request(name="join", op=pb.JOIN))
+    assert ctl.take_plans() == [] and ctl.has_pending()
+    submit(ctl, 1, req("a", process_set_id=pid))
+    plan, done = ctl.take_plans()
+    assert names(plan) == ["a"] and list(plan.response.joined_ranks) == [0]
+    assert done.response.op == pb.JOIN and done.response.value == 1
+
+
+def test_a_held_join_counts_once_the_resend_is_long_overdue():
+    """A request the rank can no longer send (its tensor failed meanwhile)
+    holds its join back RESEND_WAIT_SECONDS at most."""
+    from coordinator.controller import RESEND_WAIT_SECONDS
+
+    clock = FakeClock()
+    ctl, pid, stale = _with_a_dropped_id(clock)
+    submit(ctl, 0, pb.Request(name="join", op=pb.JOIN))
+    submit(ctl, 2, pb.Request(name="join", op=pb.JOIN))
+    submit(ctl, 1, cached=[stale])
+    submit(ctl, 1, pb.Request(name="join", op=pb.JOIN))
+    clock.now += RESEND_WAIT_SECONDS / 2
+    assert ctl.take_plans() == []
+    clock.now += RESEND_WAIT_SECONDS
+    (done,) = ctl.take_plans()
+    assert done.response.op == pb.JOIN and done.response.value == 1
+    assert not ctl.has_pending()
+
+
+def test_a_join_is_not_held_for_requests_already_sent_again():
+    ctl, pid, stale = _with_a_dropped_id()
+    submit(ctl, 1, cached=[stale])
+    submit(ctl, 1, req("a", process_set_id=pid))
+    for rank in (0, 2, 1):
+        submit(ctl, rank, pb.Request(name="join", op=pb.JOIN))
+    plans = ctl.take_plans()
+    assert plans[-1].response.op == pb.JOIN and plans[-1].response.value == 1
+
+
 def test_grouped_tensors_wait_for_the_whole_group():
     ctl = Controller(2)
     g1 = req("g_1", group="g", group_size=2)

@@ -110,3 +110,54 @@ def case_a_sets_allreduce_submitted_with_the_last_join_gets_the_joined_members_z
     assert hvd.remove_process_set(tail)
     if me == runner:
         shutil.rmtree(marks, ignore_errors=True)
+
+
+def case_a_sets_allreduce_streamed_by_a_dropped_id_before_the_last_join_gets_the_zeros(hvd):
+    """The last rank to join streams another set's cached allreduce and
+    joins at once, and rank 0 has dropped the tensor's cache id by the time
+    it reads the stream (here rank 0 drops the ids of that rank's lists
+    just before reading them; in a job, other tensors evict it before the
+    rank hears). Rank 0 asks for the request in full, and holds the join
+    until it comes: the join completed in the round, and the allreduce,
+    sent again after it, waited for a member that had gone on
+    (random_join.py with a cache of one hung 2 jobs in 111)."""
+    from coordinator import runtime
+
+    me, n = hvd.rank(), hvd.size()
+    runner = n - 1
+    tail = hvd.add_process_set([1, runner])
+    if me in (1, runner):
+        for _ in range(2):  # cached on both members
+            hvd.allreduce(np.ones(3), op=hvd.Sum, name="j.dropped", process_set=tail)
+    marks = shared_dir(hvd, "dropped")
+    ctl = runtime.current().background.controller if me == 0 else None
+    if ctl is not None:
+        submit = ctl.submit
+
+        def dropping(rank, request_list):
+            if rank == runner:
+                for cached in request_list.cached:
+                    if ctl.cache.get(cached.cache_id) is not None:
+                        ctl.cache._drop(cached.cache_id)
+            return submit(rank, request_list)
+
+        ctl.submit = dropping
+    try:
+        for step in range(4):
+            if me == runner:
+                wait_for_marks(marks, [f"{step}.{r}" for r in range(n - 1)])
+                handle = hvd.allreduce_async(np.full(3, step + 2.0), op=hvd.Sum,
+                                             name="j.dropped", process_set=tail)
+                assert hvd.join() == runner
+                assert_equal(hvd.synchronize(handle), np.full(3, step + 2.0))
+            else:
+                joining = join_async()
+                leave_mark(marks, f"{step}.{me}")
+                assert hvd.synchronize(joining) == runner
+            hvd.barrier()
+    finally:
+        if ctl is not None:
+            ctl.submit = submit
+    assert hvd.remove_process_set(tail)
+    if me == runner:
+        shutil.rmtree(marks, ignore_errors=True)
