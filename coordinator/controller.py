@@ -250,7 +250,7 @@ class Controller:
         self._plans = []
         self._resend = {}  # rank -> [cache ids to send in full]
         # rank -> {(process set, name): when asked} of those ids, until the
-        # rank sends the request; and rank -> (its join, when held) while it
+        # rank sends the request; and rank -> its join, held while rank 0
         # waits for them (_hold_join).
         self._awaiting = {}
         self._held_joins = {}
