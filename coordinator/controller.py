@@ -274,7 +274,7 @@ class Controller:
                 else:
                     self.submit_request(rank, template, cached.submit_time, cached.cache_id)
             for req in request_list.requests:
-                if self._awaiting and rank in self._awaiting:
+                if rank in self._awaiting:
                     self._resent(rank, req)
                 self.submit_request(rank, req, req.submit_time)
             if self._held_joins:

@@ -4,6 +4,7 @@ what they should, and ranks leave marks in a shared directory for each
 other to wait for, rather than sleeping for a time (which a loaded machine
 could pass first, or not reach)."""
 
+import contextlib
 import logging
 import os
 import signal
@@ -87,3 +88,49 @@ def while_in_flight(hvd, submit, check, names=("held.a", "held.b")):
         other = submit(theirs)
         hvd.synchronize(held)
         hvd.synchronize(other)
+
+
+def join_with_a_mark(hvd, directory, step):
+    """Joins, leaving the mark "STEP.RANK" in `directory` once the join is
+    queued (for a rank that must join after this one: joins_marked);
+    returns what join() returned."""
+    from coordinator.collectives import join_async
+
+    joining = join_async()
+    leave_mark(directory, f"{step}.{hvd.rank()}")
+    return hvd.synchronize(joining)
+
+
+def joins_marked(step, ranks):
+    """The marks join_with_a_mark leaves at `step` on `ranks`."""
+    return [f"{step}.{r}" for r in ranks]
+
+
+@contextlib.contextmanager
+def rank0_drops_cache_ids(hvd, sender, with_join=False):
+    """Within it, rank 0 drops from its response cache every id a request
+    list of rank `sender` (with `with_join`, only one that carries a join)
+    names, just before reading the list: as if other tensors had evicted
+    them before the sender heard. Nothing on the other ranks."""
+    from coordinator import runtime
+    from coordinator.wire import pb
+
+    ctl = runtime.current().background.controller if hvd.rank() == 0 else None
+    if ctl is None:
+        yield
+        return
+    submit = ctl.submit
+
+    def dropping(rank, request_list):
+        if rank == sender and (not with_join or any(r.op == pb.JOIN
+                                                    for r in request_list.requests)):
+            for cached in request_list.cached:
+                if ctl.cache.get(cached.cache_id) is not None:
+                    ctl.cache._drop(cached.cache_id)
+        return submit(rank, request_list)
+
+    ctl.submit = dropping
+    try:
+        yield
+    finally:
+        ctl.submit = submit

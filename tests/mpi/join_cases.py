@@ -10,10 +10,9 @@ import shutil
 
 import numpy as np
 
-from coordinator.collectives import join_async
 from core_cases import (BF16, REDUCE_DTYPES, assert_equal, data, expect_raises, shared_dir,
                         wait_for_marks)
-from peers import leave_mark
+from peers import join_with_a_mark, joins_marked, rank0_drops_cache_ids
 
 SHAPES = [(), (3,), (2, 3), (2, 1, 2)]
 
@@ -145,7 +144,7 @@ def case_an_allreduce_pending_at_the_last_join_gets_zeros_from_the_joined(hvd):
     marks = shared_dir(hvd, "pending")
     for step in range(3):
         if me == runner:
-            _after_the_others_joined(marks, step, n)
+            wait_for_marks(marks, joins_marked(step, range(n - 1)))
             handles = [hvd.allreduce_async(np.full(2, 5.0 + step), op=hvd.Sum,
                                            name=f"j.last.{step}"),
                        hvd.allreduce_async(np.full(3, 6.0), op=hvd.Average,
@@ -154,7 +153,7 @@ def case_an_allreduce_pending_at_the_last_join_gets_zeros_from_the_joined(hvd):
                                                    name=f"j.last.group.{step}")]
             assert hvd.join() == runner
         else:
-            _joined_with_a_mark(hvd, marks, step, runner)
+            assert join_with_a_mark(hvd, marks, step) == runner
         if me == runner:
             assert_equal(hvd.synchronize(handles[0]), np.full(2, 5.0 + step))
             assert_equal(hvd.synchronize(handles[1]), np.full(3, 6.0 / n))
@@ -175,55 +174,24 @@ def case_an_allreduce_by_an_evicted_cache_id_with_the_last_join_gets_the_zeros(h
     full: sent by its id, the allreduce was asked for again and came after
     the join had completed, the others gone on (random_join.py, seed 207,
     4 ranks, a cache of two, hung every time)."""
-    from coordinator import runtime
-    from coordinator.wire import pb
-
     n, me = hvd.size(), hvd.rank()
     runner = n - 1
     for _ in range(2):  # cached on every rank
         hvd.allreduce(np.ones(2), op=hvd.Sum, name="j.evicted")
-    ctl = runtime.current().background.controller if me == 0 else None
-    if ctl is not None:
-        submit = ctl.submit
-
-        def evicting(rank, request_list):
-            if rank == runner and any(r.op == pb.JOIN for r in request_list.requests):
-                for cached in request_list.cached:
-                    if ctl.cache.get(cached.cache_id) is not None:
-                        ctl.cache._drop(cached.cache_id)
-            return submit(rank, request_list)
-
-        ctl.submit = evicting
     marks = shared_dir(hvd, "evicted")
-    try:
+    with rank0_drops_cache_ids(hvd, runner, with_join=True):
         for step in range(4):
             if me == runner:
-                _after_the_others_joined(marks, step, n)
+                wait_for_marks(marks, joins_marked(step, range(n - 1)))
                 handle = hvd.allreduce_async(np.full(2, step + 1.0), op=hvd.Sum,
                                              name="j.evicted")
                 assert hvd.join() == runner
                 assert_equal(hvd.synchronize(handle), np.full(2, step + 1.0))
             else:
-                _joined_with_a_mark(hvd, marks, step, runner)
+                assert join_with_a_mark(hvd, marks, step) == runner
             hvd.barrier()
-    finally:
-        if ctl is not None:
-            ctl.submit = submit
     if me == runner:
         shutil.rmtree(marks, ignore_errors=True)
-
-
-def _joined_with_a_mark(hvd, marks, step, runner):
-    """A rank but the runner joins, leaving a mark once its join is queued,
-    so that the runner's comes last (a rank slower to leave the last
-    barrier than the runner to reach its join would join after it)."""
-    joining = join_async()
-    leave_mark(marks, f"{step}.{hvd.rank()}")
-    assert hvd.synchronize(joining) == runner
-
-
-def _after_the_others_joined(marks, step, n):
-    wait_for_marks(marks, [f"{step}.{r}" for r in range(n - 1)])
 
 
 def case_the_last_join_takes_along_an_allreduce_waiting_in_the_cycle(hvd):
@@ -238,12 +206,12 @@ def case_the_last_join_takes_along_an_allreduce_waiting_in_the_cycle(hvd):
     marks = shared_dir(hvd, "cycled")
     for step in range(6):
         if me == runner:
-            _after_the_others_joined(marks, step, n)
+            wait_for_marks(marks, joins_marked(step, range(n - 1)))
             handle = hvd.allreduce_async(np.full(2, step + 1.0), op=hvd.Sum, name="j.cycled")
             assert hvd.join() == runner
             assert_equal(hvd.synchronize(handle), np.full(2, step + 1.0))
         else:
-            _joined_with_a_mark(hvd, marks, step, runner)
+            assert join_with_a_mark(hvd, marks, step) == runner
         hvd.barrier()
     if me == runner:
         shutil.rmtree(marks, ignore_errors=True)

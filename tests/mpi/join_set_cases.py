@@ -8,9 +8,8 @@ import zlib
 
 import numpy as np
 
-from coordinator.collectives import join_async
 from core_cases import assert_equal, shared_dir, wait_for_marks
-from peers import leave_mark
+from peers import join_with_a_mark, joins_marked, rank0_drops_cache_ids
 
 
 def setup(hvd):
@@ -97,15 +96,13 @@ def case_a_sets_allreduce_submitted_with_the_last_join_gets_the_joined_members_z
     marks = shared_dir(hvd, "streamed")
     for step in range(8):
         if me == runner:  # the others' joins first
-            wait_for_marks(marks, [f"{step}.{r}" for r in range(n - 1)])
+            wait_for_marks(marks, joins_marked(step, range(n - 1)))
             handle = hvd.allreduce_async(np.full(3, step + 2.0), op=hvd.Sum,
                                          name=f"j.streamed.{step % 2}", process_set=tail)
             assert hvd.join() == runner
             assert_equal(hvd.synchronize(handle), np.full(3, step + 2.0))
         else:
-            joining = join_async()
-            leave_mark(marks, f"{step}.{me}")
-            assert hvd.synchronize(joining) == runner
+            assert join_with_a_mark(hvd, marks, step) == runner
         hvd.barrier()
     assert hvd.remove_process_set(tail)
     if me == runner:
@@ -121,8 +118,6 @@ def case_a_sets_allreduce_streamed_by_a_dropped_id_before_the_last_join_gets_the
     until it comes: the join completed in the round, and the allreduce,
     sent again after it, waited for a member that had gone on
     (random_join.py with a cache of one hung 2 jobs in 111)."""
-    from coordinator import runtime
-
     me, n = hvd.rank(), hvd.size()
     runner = n - 1
     tail = hvd.add_process_set([1, runner])
@@ -130,34 +125,17 @@ def case_a_sets_allreduce_streamed_by_a_dropped_id_before_the_last_join_gets_the
         for _ in range(2):  # cached on both members
             hvd.allreduce(np.ones(3), op=hvd.Sum, name="j.dropped", process_set=tail)
     marks = shared_dir(hvd, "dropped")
-    ctl = runtime.current().background.controller if me == 0 else None
-    if ctl is not None:
-        submit = ctl.submit
-
-        def dropping(rank, request_list):
-            if rank == runner:
-                for cached in request_list.cached:
-                    if ctl.cache.get(cached.cache_id) is not None:
-                        ctl.cache._drop(cached.cache_id)
-            return submit(rank, request_list)
-
-        ctl.submit = dropping
-    try:
+    with rank0_drops_cache_ids(hvd, runner):
         for step in range(4):
             if me == runner:
-                wait_for_marks(marks, [f"{step}.{r}" for r in range(n - 1)])
+                wait_for_marks(marks, joins_marked(step, range(n - 1)))
                 handle = hvd.allreduce_async(np.full(3, step + 2.0), op=hvd.Sum,
                                              name="j.dropped", process_set=tail)
                 assert hvd.join() == runner
                 assert_equal(hvd.synchronize(handle), np.full(3, step + 2.0))
             else:
-                joining = join_async()
-                leave_mark(marks, f"{step}.{me}")
-                assert hvd.synchronize(joining) == runner
+                assert join_with_a_mark(hvd, marks, step) == runner
             hvd.barrier()
-    finally:
-        if ctl is not None:
-            ctl.submit = submit
     assert hvd.remove_process_set(tail)
     if me == runner:
         shutil.rmtree(marks, ignore_errors=True)
