@@ -310,7 +310,8 @@ def peer_failure(exc, comm=None):
             failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
         except MPI.Exception:
             pass
-    who = ("ranks " + ", ".join(map(str, sorted(failed)))) if failed else "a peer"
+    who = (f"rank{'s' if len(failed) > 1 else ''} " + ", ".join(map(str, sorted(failed)))
+           if failed else "a peer")
     return f"{who} failed or left the job (MPI: {exc.Get_error_string()})"
 
 

@@ -55,3 +55,41 @@ def test_a_local_peer_that_failed_is_named_with_its_reason():
 def test_a_local_peer_that_said_nothing_is_named_alone():
     text, pid = _dead_child("silent")
     assert text == f"rank 1 (pid {pid} on hosta)"
+
+
+class _FailedGroup:
+    """What ULFM's Comm.Get_failed gives: the failed ranks, translated to
+    the communicator's ranks."""
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+
+    def Get_size(self):
+        return len(self.ranks)
+
+    def Translate_ranks(self, ranks, group):
+        return [self.ranks[r] for r in ranks]
+
+
+class _Comm:
+    def __init__(self, failed):
+        self.failed = failed
+
+    def Get_failed(self):
+        return _FailedGroup(self.failed)
+
+    def Get_group(self):
+        return None
+
+
+def test_a_peer_failure_names_one_rank_or_several_in_good_english():
+    from mpi4py import MPI
+
+    from coordinator.control_channel import peer_failure
+
+    exc = MPI.Exception(MPI.ERR_PROC_FAILED)
+    assert peer_failure(exc, _Comm([1])).startswith("rank 1 failed or left the job (MPI: ")
+    assert peer_failure(exc, _Comm([3, 0])).startswith("ranks 0, 3 failed or left the job")
+    assert peer_failure(exc, None).startswith("a peer failed or left the job")
+    assert peer_failure(MPI.Exception(MPI.ERR_COMM), _Comm([1])) is None
+    assert peer_failure(ValueError("x"), _Comm([1])) is None
