@@ -378,7 +378,7 @@ class Background:
         try:
             self._loop()
         except BaseException as exc:  # the thread must never die silently
-            lost = peer_failure(exc, self.channel.comm)
+            lost = self._lost_peers(exc)
             if lost is not None:  # ULFM: a peer failed; no traceback needed
                 self.executor.abandon()
                 self.parts.fatal(RankFailedError(
@@ -395,6 +395,12 @@ class Background:
             # Nothing may wait for a thread that is gone.
             self.queue.fail_remaining(lambda e: ShutdownError(
                 f"{e.describe()}: the coordinator stopped before it completed"))
+
+    def _lost_peers(self, exc):
+        """Where `exc` is MPI saying that a peer failed (ULFM), a sentence
+        naming the ranks that did (control_channel.peer_failure), else None."""
+        return peer_failure(exc, self.channel.comm,
+                            lambda: [dead.rank for dead in self.parts.check_dead()])
 
     def _pin(self):
         """HOROVOD_THREAD_AFFINITY: this thread runs on the core listed for
@@ -1778,6 +1784,12 @@ class Background:
         other ranks take part, the job cannot go on (_break); else it fails
         these tensors only."""
         names = ", ".join(f"'{e.name}'" for e in entries if e is not None)
+        lost = self._lost_peers(exc)
+        if lost is not None:  # ULFM: a member died; name it, not this rank
+            self._die(RankFailedError(
+                f"rank {self.rank}: {op_name(resp.op)} of tensor(s) {names} failed: {lost}; "
+                "collective operations that involve it can never complete"))
+            return
         text = (f"rank {self.rank}: {op_name(resp.op)} of tensor(s) {names} failed: "
                 f"{type(exc).__name__}: {exc}")
         if self._waiting_partners(resp):

@@ -298,21 +298,39 @@ def _set_bits(value):
 _PEER_FAILURES = {MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED}
 
 
-def peer_failure(exc, comm=None):
+def peer_failure(exc, comm=None, known_dead=None, wait=1.0):
     """A sentence about the failed peers when `exc` is MPI reporting one
-    (ULFM: a process failed, or a communicator was revoked), else None."""
+    (ULFM: a process failed, or a communicator was revoked), else None.
+
+    The failed ranks are those `comm` knows of (ULFM's Get_failed), and
+    `known_dead()`'s (ranks the job's liveness watch found dead). A rank
+    whose operation failed because another survivor's did may know of no
+    failed process yet; then both are asked again for up to `wait` seconds,
+    so that it names the rank that died too, not "a peer"."""
     if not isinstance(exc, MPI.Exception) or exc.Get_error_class() not in _PEER_FAILURES:
         return None
-    failed = []
-    if comm is not None:
-        try:
-            group = comm.Get_failed()
-            failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
-        except MPI.Exception:
-            pass
+    deadline = time.monotonic() + wait
+    while True:
+        failed = set(_failed_in(comm))
+        if known_dead is not None:
+            failed.update(known_dead())
+        if failed or known_dead is None or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
     who = (f"rank{'s' if len(failed) > 1 else ''} " + ", ".join(map(str, sorted(failed)))
            if failed else "a peer")
     return f"{who} failed or left the job (MPI: {exc.Get_error_string()})"
+
+
+def _failed_in(comm):
+    """The ranks of `comm` its ULFM knows to have failed ([] where it cannot say)."""
+    if comm is None:
+        return []
+    try:
+        group = comm.Get_failed()
+        return group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
+    except MPI.Exception:
+        return []
 
 
 def revoke(comms):

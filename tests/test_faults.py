@@ -2,11 +2,12 @@
 hangs or finishes normally."""
 
 import re
+import sys
 import time
 
 import pytest
 
-from mpi_harness import mpirun
+from mpi_harness import mpi_env, mpirun, mpirun_path, run_job
 
 
 @pytest.mark.mpi
@@ -23,6 +24,38 @@ def test_killed_rank_makes_every_survivor_raise_naming_it(np_, victim):
     survivors = [r for r in range(np_) if r != victim]
     for r in survivors:
         assert f"coordinator: rank {r} exiting" in out or "RankFailedError" in out, out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_,victim", [(3, 1), (3, 0), (4, 2)])
+def test_under_ulfm_a_rank_killed_inside_a_collective_is_named_by_every_survivor(
+        np_, victim, tmp_path):
+    """Under `mpirun --with-ft ulfm` the launcher lets the survivors run on,
+    so each must end by itself. The victim dies as it starts a collective
+    the others are already in: a survivor whose collective failed under it
+    raised a HorovodInternalError that blamed itself ("ranks 0, 2 cannot
+    finish it without rank 1", said rank 1, a survivor), and one that heard
+    of no failed process yet said "a peer" (both seen in the kill probes of
+    tests/scripts/random_collectives.py). Now every survivor raises
+    RankFailedError naming the rank that died."""
+    cmd = [mpirun_path(), "--with-ft", "ulfm", "-n", str(np_), "--oversubscribe",
+           "--bind-to", "none", sys.executable, "tests/scripts/rank_dies.py", "collective",
+           str(victim)]
+    start = time.monotonic()
+    proc = run_job(cmd, env=mpi_env({"REPORTS_DIR": str(tmp_path)}), timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    assert time.monotonic() - start < 60, out[-4000:]
+    assert "FINISHED AS IF NOTHING HAPPENED" not in out
+    for rank in range(np_):
+        if rank == victim:
+            continue
+        said = _lines(out, f"RANK {rank}: ")
+        assert len(said) == 1, out[-4000:]
+        line = said[0]
+        assert line.startswith(f"RANK {rank}: RankFailedError: "), line
+        assert (f"rank {victim} failed or left the job" in line
+                or f"rank {victim} (pid " in line), line
 
 
 @pytest.mark.mpi

@@ -93,3 +93,29 @@ def test_a_peer_failure_names_one_rank_or_several_in_good_english():
     assert peer_failure(exc, None).startswith("a peer failed or left the job")
     assert peer_failure(MPI.Exception(MPI.ERR_COMM), _Comm([1])) is None
     assert peer_failure(ValueError("x"), _Comm([1])) is None
+
+
+def test_a_survivor_that_knows_of_no_failure_yet_names_the_rank_that_died():
+    """A rank whose operation failed because another survivor's did (an
+    aborted schedule) may know of no failed process yet: it asks again, and
+    asks the liveness watch, where it said "a peer" (seen in the kill probes
+    under ULFM, np=3: one survivor named rank 0, the other "a peer")."""
+    from mpi4py import MPI
+
+    from coordinator.control_channel import peer_failure
+
+    exc = MPI.Exception(MPI.ERR_PROC_FAILED)
+    later = _Comm([])
+    asked = []
+
+    def known_dead():
+        asked.append(1)
+        if len(asked) == 3:
+            later.failed = [2]  # ULFM has heard of it by the third look
+        return []
+
+    assert peer_failure(exc, later, known_dead).startswith("rank 2 failed or left the job")
+    assert peer_failure(exc, _Comm([]), lambda: [0]).startswith("rank 0 failed")
+    assert peer_failure(exc, _Comm([1]), lambda: [0]).startswith("ranks 0, 1 failed")
+    # Nobody ever says: "a peer", after the wait
+    assert peer_failure(exc, _Comm([]), lambda: [], wait=0.1).startswith("a peer failed")

@@ -1,5 +1,18 @@
 """One rank dies mid-training (SIGKILL, or an uncaught exception); the others
-must raise promptly and the job must end with a non-zero status."""
+must raise promptly and the job must end with a non-zero status.
+
+Modes:
+  kill        the victim's training loop kills itself between two steps;
+  raise       it raises an uncaught exception there;
+  collective  it kills itself inside the coordinator, just as it starts a
+              collective the others are already running (a test hook wraps
+              its backend), so that the others' collective fails under
+              them. Each survivor prints what its training loop saw,
+              `RANK r: <ExceptionType>: <message>`, and leaves a mark in
+              REPORTS_DIR; it raises once every survivor has (10 s at
+              most), so that no survivor's exit ends the job before the
+              others have had their say.
+"""
 
 import os
 import signal
@@ -8,17 +21,49 @@ import time
 
 import numpy as np
 
-import coordinator as hvd
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import peers  # noqa: E402
 
-MODE = sys.argv[1]  # "kill" or "raise"
+import coordinator as hvd  # noqa: E402
+from coordinator import runtime  # noqa: E402
+
+MODE = sys.argv[1]
 VICTIM = int(sys.argv[2])
+DIE_AT = 20
+
+
+class DieInCollective:
+    """Wraps the victim's backend: the DIE_AT-th operation kills the process
+    right before it starts, after every rank has been told to run it."""
+
+    def __init__(self, ops):
+        self.ops = ops
+        self.count = 0
+
+    def run(self, *args, **kwargs):
+        self.count += 1
+        if self.count == DIE_AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.ops.run(*args, **kwargs)
+
 
 hvd.init()
+if MODE == "collective" and hvd.rank() == VICTIM:
+    bg = runtime.current().background
+    bg.ops = DieInCollective(bg.ops)
 for step in range(100000):
-    if hvd.rank() == VICTIM and step == 20:
+    if hvd.rank() == VICTIM and step == DIE_AT and MODE != "collective":
         if MODE == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise ZeroDivisionError("simulated bug in rank's training code")
-    hvd.allreduce(np.ones(1000), name="grad")
+    try:
+        hvd.allreduce(np.ones(1 << 16), name="grad")
+    except hvd.HorovodInternalError as exc:
+        print(f"RANK {hvd.rank()}: {type(exc).__name__}: {exc}", flush=True)
+        if os.environ.get("REPORTS_DIR"):
+            peers.leave_mark(os.environ["REPORTS_DIR"], f"said.{hvd.rank()}")
+            peers.marked(os.environ["REPORTS_DIR"], [
+                f"said.{r}" for r in range(hvd.size()) if r != VICTIM], 10)
+        raise
     time.sleep(0.005)
 print(f"rank {hvd.rank()} FINISHED AS IF NOTHING HAPPENED", flush=True)
