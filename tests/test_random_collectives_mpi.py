@@ -6,13 +6,16 @@ step), none at all (every tensor through a round), no fusion, four ranks;
 with bad input now and then; with process sets added and removed; with
 scale factors; from several threads at once; as "CUDA" arrays through the
 NCCL backend (a fake CuPy). And the same for frontends.torch
-(tests/scripts/random_torch.py). And uneven steps with join() (tests/scripts/random_join.py)."""
+(tests/scripts/random_torch.py). And uneven steps with join() (tests/scripts/random_join.py).
+And a rank killed half way through either, under ULFM."""
 
 import os
+import sys
+import time
 
 import pytest
 
-from mpi_harness import mpirun
+from mpi_harness import mpi_env, mpirun, mpirun_path, run_job
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 SETTINGS = {
@@ -138,3 +141,44 @@ def test_a_rank_stopped_half_way_through_a_random_step_is_named_on_every_rank(
         assert len(said) == 1, (rank, out[-4000:])
         if rank != victim:
             assert f"rank {victim}" in said[0], said
+
+
+KILLS = {
+    "collectives_dynamic_sets": ("random_collectives.py", 3, "1,3,1", {
+        "DYNAMIC_SETS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "REUSE": "0.5"}),
+    "collectives_fake_gpu_four_ranks": ("random_collectives.py", 4, "2,2,2", {
+        "FAKE_GPU": "1", "DYNAMIC_SETS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1"}),
+    "collectives_the_coordinator": ("random_collectives.py", 3, "0,3,3", {"REUSE": "0.9"}),
+    "join_sets": ("random_join.py", 3, "1,1,2", {"SETS": "1"}),
+    "join_the_coordinator_four_ranks": ("random_join.py", 4, "0,1,1", {
+        "SETS": "1", "HOROVOD_CACHE_CAPACITY": "1"}),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("setting", sorted(KILLS))
+def test_a_rank_killed_half_way_through_random_steps_is_named_by_every_survivor(setting):
+    """SIGKILL after it submitted part of a step (KILL in the scripts), under
+    `mpirun --with-ft ulfm`, which lets the survivors run on, so each must
+    end by itself: each raises RankFailedError naming the dead rank (the
+    probes found a survivor blaming itself, and one saying "a peer"), and
+    the job ends instead of hanging."""
+    script, np_, kill, env = KILLS[setting]
+    victim = int(kill.split(",")[0])
+    cmd = [mpirun_path(), "--with-ft", "ulfm", "-n", str(np_), "--oversubscribe",
+           "--bind-to", "none", sys.executable, os.path.join(SCRIPTS, script), "11", "8"]
+    start = time.monotonic()
+    run = run_job(cmd, env=mpi_env(dict(env, KILL=kill)), timeout=180)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-4000:]
+    assert time.monotonic() - start < 120, out[-4000:]
+    assert f"RANK {victim}: dying" in out, out[-4000:]
+    assert not [line for line in out.splitlines() if line.startswith("OK ")], out[-4000:]
+    for rank in range(np_):
+        if rank == victim:
+            continue
+        said = [line for line in out.splitlines() if line.startswith(f"RANK {rank}: ")]
+        assert len(said) == 1, (rank, out[-4000:])
+        assert said[0].startswith(f"RANK {rank}: RankFailedError: "), said
+        assert (f"rank {victim} failed or left the job" in said[0]
+                or f"rank {victim} (pid " in said[0]), said

@@ -48,6 +48,10 @@ alone: a loaded machine may run the others' stall checks seconds late, and
 the stopped rank would then be back before they failed). Every rank stays
 until the stopped rank has had its say too, and shuts down.
 
+With KILL=RANK,STEP,K that rank kills itself (SIGKILL) after submitting K
+of its operations of step STEP; each other rank prints what its step saw,
+`RANK r: <ExceptionType>: <message>`, and the job ends.
+
 With FAKE_GPU=1 every tensor is a "CUDA" array of tests/gpu_fakes.py (host
 memory behind `__cuda_array_interface__`), so the operations take the NCCL
 backend's path (device fusion with the pack and unpack kernels compiled for
@@ -83,6 +87,7 @@ SCALES = float(os.environ.get("SCALES", "0"))
 THREADS = int(os.environ.get("THREADS", "1"))
 BLOCKING = os.environ.get("BLOCKING") == "1"
 STOP = [float(x) for x in os.environ["STOP"].split(",")] if os.environ.get("STOP") else None
+KILL = [int(x) for x in os.environ["KILL"].split(",")] if os.environ.get("KILL") else None
 FAKE_GPU = os.environ.get("FAKE_GPU") == "1"
 KINDS = ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
          "alltoall", "reducescatter", "grouped_reducescatter")
@@ -100,6 +105,9 @@ if FAKE_GPU:
                                 float(os.environ.get("FAKE_GPU_LATENCY", "0")) or None)
 hvd.init(process_sets=[SETS["pair"], SETS["tail"]])
 ME = hvd.rank()
+if KILL:  # where the survivors say they have had their say
+    MARKS = hvd.broadcast_object(
+        tempfile.mkdtemp(prefix="random-kill-") if ME == 0 else None, name="kill.marks")
 if STOP:  # where the ranks leave marks for each other (the tests give a directory
     # they remove; by hand, one in /tmp), and whom to continue
     MARKS = os.environ.get("STOP_MARKS") or hvd.broadcast_object(
@@ -379,6 +387,12 @@ def stop_here(resume):
     peers.stop_self(resume)
 
 
+def die_here():
+    """This process dies now, as one killed by the machine (KILL)."""
+    print(f"RANK {ME}: dying", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def said_and_continue(victim):
     """This rank has said what stopped it: once every rank but the stopped
     one has, continues it (each does: once is enough), then waits until it
@@ -401,11 +415,15 @@ def run_step(step):
         return
     pending = []
     for d in mine:
+        if KILL and (ME, step, len(pending)) == tuple(KILL):
+            die_here()
         if STOP and (ME, step, len(pending)) == tuple(int(x) for x in STOP[:3]):
             stop_here(STOP[3])
         pending.append((d,) + submit(d))
     if STOP and (ME, step) == tuple(int(x) for x in STOP[:2]) and STOP[2] >= len(pending):
         stop_here(STOP[3])
+    if KILL and (ME, step) == tuple(KILL[:2]) and KILL[2] >= len(pending):
+        die_here()
     if DYNAMIC_SETS:
         change_sets(shared, step, drawn)
     check_all(pending)
@@ -450,6 +468,11 @@ try:
         run_step(step)
     hvd.barrier()
 except hvd.HorovodInternalError as exc:
+    if KILL:  # what the survivor saw; the job ends once every survivor has said it
+        print(f"RANK {ME}: {type(exc).__name__}: {exc}", flush=True)
+        peers.leave_mark(MARKS, f"said.{ME}")
+        peers.marked(MARKS, [f"said.{r}" for r in range(SIZE) if r != KILL[0]], 60)
+        raise
     if not STOP:
         raise
     print(f"RANK {ME}: {type(exc).__name__}: {exc}", flush=True)

@@ -18,13 +18,21 @@ stand-ins for joined ranks run (FAKE_GPU_LATENCY=S keeps the fake's
 streams busy S seconds per NCCL call). With SETS=1 some operations go to
 two process sets, ranks [0, 1] and the last two, where a joined member
 takes part with zeros as in the global set and Average divides by the
-set's size.
+set's size. With DYNAMIC_SETS=1 too (and HOROVOD_DYNAMIC_PROCESS_SETS=1),
+every round ends by adding a set of random ranks or removing one added
+earlier, and the next rounds draw from the sets there are then.
+
+With KILL=RANK,ROUND,STEP that rank kills itself (SIGKILL) as round ROUND's
+step STEP begins (just before its join, where it has fewer steps); each
+other rank prints what it saw, `RANK r: <ExceptionType>: <message>`, and the
+job ends.
 
 Usage: mpirun -n N python random_join.py SEED ROUNDS
 """
 
 import os
 import random
+import signal
 import sys
 
 import numpy as np
@@ -35,6 +43,8 @@ SEED, ROUNDS = int(sys.argv[1]), int(sys.argv[2])
 DTYPES = (np.float32, np.float64, np.int32, np.int64, np.float16)
 FAKE_GPU = os.environ.get("FAKE_GPU") == "1"
 USE_SETS = os.environ.get("SETS") == "1"
+DYNAMIC_SETS = USE_SETS and os.environ.get("DYNAMIC_SETS") == "1"
+KILL = [int(x) for x in os.environ["KILL"].split(",")] if os.environ.get("KILL") else None
 
 if FAKE_GPU:
     from mpi4py import MPI
@@ -56,6 +66,14 @@ else:
     SETS = {"global": hvd.global_process_set}
     hvd.init()
 ME, SIZE = hvd.rank(), hvd.size()
+if KILL:  # where the survivors say they have had their say
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import peers
+
+    MARKS = hvd.broadcast_object(
+        tempfile.mkdtemp(prefix="random-kill-") if ME == 0 else None, name="kill.marks")
 
 
 def members(d):
@@ -80,7 +98,10 @@ def draw(rng, rnd, step, i):
         dtype = DTYPES[shape_rng.randrange(len(DTYPES))]
         op = hvd.Sum if np.dtype(dtype).kind != "f" or shape_rng.random() < 0.5 else hvd.Average
     shape = tuple(shape_rng.randint(1, 4) for _ in range(shape_rng.randint(0, 2)))
-    pset = rng.choice(("global", "global", "pair", "tail")) if USE_SETS else "global"
+    if DYNAMIC_SETS:
+        pset = rng.choice(["global", "global"] + sorted(n for n in SETS if n != "global"))
+    else:
+        pset = rng.choice(("global", "global", "pair", "tail")) if USE_SETS else "global"
     return dict(name=name, kind=kind, dtype=dtype, op=op, shape=shape, set=pset,
                 count=1 + (i % 2 if kind == "grouped_allreduce" else 0),
                 seed=rng.randrange(1 << 30))
@@ -118,7 +139,14 @@ def check(d, result, expected):
                            atol=0), (d["name"], got, want)
 
 
-for rnd in range(ROUNDS):
+def die_at(rnd, step):
+    """Where KILL names this rank, round and step, this process dies now."""
+    if KILL and (ME, rnd) == tuple(KILL[:2]) and step >= KILL[2]:
+        print(f"RANK {ME}: dying", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_round(rnd):
     shared = random.Random(SEED * 1_000_003 + rnd)
     steps = {r: shared.randint(0, 6) for r in range(SIZE)}
     defers = {r: random.Random(SEED + rnd * 7 + r).random() < 0.5 for r in range(SIZE)}
@@ -127,6 +155,7 @@ for rnd in range(ROUNDS):
         last_to_join = set(range(SIZE))  # (its join may come before the others')
     deferred = []  # a last step whose results are waited for after join()
     for step in range(steps[ME]):
+        die_at(rnd, step)
         running = [r for r in range(SIZE) if steps[r] > step]
         step_rng = random.Random(SEED * 7919 + rnd * 101 + step)
         drawn = [draw(step_rng, rnd, step, i) for i in range(step_rng.randint(1, 4))]
@@ -137,6 +166,7 @@ for rnd in range(ROUNDS):
             break
         for d, handle, expected in pending:
             check(d, hvd.synchronize(handle), expected)
+    die_at(rnd, KILL[2] if KILL else 0)  # (fewer steps than KILL's: at the join)
     last = hvd.join(0 if FAKE_GPU else -1)
     for d, handle, expected in deferred:
         check(d, hvd.synchronize(handle), expected)
@@ -147,5 +177,30 @@ for rnd in range(ROUNDS):
     assert last in (last_to_join if not USE_SETS else range(SIZE)), (rnd, last, steps)
     everyone = hvd.allgather(np.array([last], np.int64), name=f"last.{rnd}")
     assert (everyone == last).all(), (rnd, everyone)
+    if DYNAMIC_SETS:
+        change_sets(shared, rnd)
+
+
+def change_sets(rng, rnd):
+    """Adds a set of random ranks, or removes one added earlier (every
+    rank, in the same order)."""
+    removable = sorted(n for n in SETS if n.startswith("dyn"))
+    if removable and rng.random() < 0.4:
+        assert hvd.remove_process_set(SETS.pop(rng.choice(removable)))
+    elif rng.random() < 0.7:
+        ranks = sorted(rng.sample(range(SIZE), rng.randint(2, SIZE - 1)))
+        if all(ps.ranks != ranks for ps in SETS.values()):
+            SETS[f"dyn{rnd}"] = hvd.add_process_set(ranks)
+
+
+try:
+    for rnd in range(ROUNDS):
+        run_round(rnd)
+except hvd.HorovodInternalError as exc:
+    if KILL:  # what the survivor saw; the job ends once every survivor has said it
+        print(f"RANK {ME}: {type(exc).__name__}: {exc}", flush=True)
+        peers.leave_mark(MARKS, f"said.{ME}")
+        peers.marked(MARKS, [f"said.{r}" for r in range(SIZE) if r != KILL[0]], 60)
+    raise
 hvd.shutdown()
 print("OK", ME, ROUNDS, flush=True)
