@@ -463,6 +463,27 @@ def case_a_communicator_over_an_mpi4py_sub_communicator_beside_the_whole_jobs(hv
         sub.Free()
 
 
+def case_one_group_makes_a_communicator_over_its_registered_set_again_alone(hvd):
+    # ChainerMN wraps an mpi_comm locally. The process set of a group already
+    # registered is reused: the group's ranks alone make the communicator,
+    # where they waited for the other group's ranks to register it with them
+    # (found by tests/scripts/random_chainer.py: a deadlock error after 75 s).
+    world = MPI.COMM_WORLD
+    sub = world.Split(world.rank % 2, world.rank)
+    try:
+        first = chainermn.create_communicator("naive", mpi_comm=sub)
+        members = [r for r in range(world.size) if r % 2 == world.rank % 2]
+        if world.rank % 2 == 0:
+            again = chainermn.create_communicator("naive", mpi_comm=sub)
+            assert again.process_set.process_set_id == first.process_set.process_set_id
+            assert again.allreduce(np.array([world.rank], np.int64))[0] == sum(members)
+            again.finalize()
+        assert COMM.allreduce(np.ones(1))[0] == world.size
+        first.finalize()
+    finally:
+        sub.Free()
+
+
 def case_finalized_communicator_refuses_work(hvd):
     comm = chainermn.create_communicator("naive", mpi_comm=MPI.COMM_WORLD, batched_copy=False)
     assert comm.get_config("batched_copy") is False

@@ -30,6 +30,7 @@ sending (bcast, scatter) gets its result on the device when the root's array
 was on one.
 """
 
+import collections
 import functools
 import itertools
 import operator
@@ -45,9 +46,12 @@ from coordinator.control_channel import note_program_comm
 from frontends.chainer.communicators.communicator_base import CommunicatorBase
 from frontends.chainer._checks import InvalidArgument
 
-# Serial numbers of communicators: created collectively, so equal on every rank
-# that takes part, and part of every tensor name the communicator submits.
-_serials = itertools.count()
+# Serial numbers of communicators, one count per group of ranks (sorted global
+# ranks): a communicator is created collectively by its group's ranks, so its
+# number is equal on each of them, and part of every tensor name it submits.
+# (One count for the whole job went out of step as soon as one group made a
+# communicator the others did not, and every later one's names differed.)
+_serials = collections.defaultdict(itertools.count)
 # Process sets this frontend registered, by their sorted global ranks.
 _process_sets = {}
 
@@ -195,16 +199,27 @@ class CoordinatorCommunicator(CommunicatorBase):
         self._ps = _process_set
         self._set_ranks = sorted(self._global)
         self._set_index = [self._set_ranks.index(g) for g in self._global]
-        self._prefix = _prefix if _prefix is not None else f"chainermn.{next(_serials)}"
+        self._prefix = _prefix if _prefix is not None else self._new_prefix()
         self._counter = itertools.count()
         self._init_topology()
+
+    def _new_prefix(self):
+        """`chainermn.N` for the N-th communicator over the whole job,
+        `chainermn.setK.N` for the N-th over process set K's ranks."""
+        serial = next(_serials[tuple(self._set_ranks)])
+        if self._ps is hvd.global_process_set:
+            return f"chainermn.{serial}"
+        return f"chainermn.set{self._ps.process_set_id}.{serial}"
 
     def _process_set_of_mpi_comm(self):
         """The coordinator process set over this communicator's ranks. One
         over part of the job (an mpi4py sub-communicator, as in a hybrid
         model- and data-parallel program) is registered collectively: every
         rank of the coordinator creates its own at the same time, as after
-        `MPI.COMM_WORLD.Split`; the groups are gathered and each is added."""
+        `MPI.COMM_WORLD.Split`; the groups are gathered and each is added.
+        A set already registered over these ranks (registered on every rank
+        alike) is reused, by these ranks alone, as ChainerMN wraps an
+        mpi_comm without the others."""
         if len(set(self._global)) != len(self._global):
             raise ValueError(
                 f"create_communicator: mpi_comm holds processes of {self.mpi_comm.size} that "
@@ -214,6 +229,9 @@ class CoordinatorCommunicator(CommunicatorBase):
                 "or from sub-communicators of it")
         if sorted(self._global) == list(range(hvd.size())):
             return hvd.global_process_set
+        registered = _registered_set(self._global)
+        if registered is not None:
+            return registered
         process_set = hvd.ProcessSet(self.mpi_comm)  # (a list must agree on every rank)
         basics.ensure_initialized(process_sets=[process_set])
         return process_set
@@ -722,7 +740,7 @@ class CoordinatorCommunicator(CommunicatorBase):
             raise ValueError("split: colors must be non-negative integers or MPI.UNDEFINED; "
                              + ", ".join(f"rank {r} gave {c!r}" for r, c in bad))
         sub = self.mpi_comm.Split(color, key)
-        serial = next(_serials)
+        serial = next(_serials[tuple(self._set_ranks)])
         groups = {}
         for r, (c, k) in enumerate(info):
             if c != MPI.UNDEFINED:
@@ -767,7 +785,18 @@ def _process_set_for(global_ranks):
     ps = _process_sets.get(key)
     if ps is not None and ps.process_set_id is not None:
         return ps
+    registered = _registered_set(global_ranks)
+    if registered is not None:
+        return registered
     ps = hvd.ProcessSet(list(global_ranks))
     basics.ensure_initialized(process_sets=[ps])
     _process_sets[key] = ps
     return ps
+
+
+def _registered_set(global_ranks):
+    """The registered coordinator process set over `global_ranks` (by any
+    means: init's list, add_process_set, another communicator), or None."""
+    table = runtime.current().process_sets
+    process_set_id = table.id_of(global_ranks)
+    return table.get(process_set_id) if process_set_id is not None else None
