@@ -78,6 +78,14 @@ def case_allgather_function_gives_every_array_and_returns_gradients_to_their_own
         sum(F.sum(y) * weight(me, i) for i, y in enumerate(ys)).backward()
         expected = sum(weight(k, me) for k in range(n))
         assert_equal(x.grad, np.full(xs[me].shape, expected, dtype), "gradient")
+    # A 0-d Variable (a scalar, as a loss is): its summed gradient was a
+    # NumPy scalar, which Chainer refuses (TypeError, as in ChainerMN 7.8.1)
+    x = chainer.Variable(np.array(me + 1.0, np.float32))
+    ys = FUNCS.allgather(COMM, x)
+    assert [float(y.array) for y in ys] == [r + 1.0 for r in range(n)]
+    sum(y * weight(me, i) for i, y in enumerate(ys)).backward()
+    assert isinstance(x.grad, np.ndarray) and x.grad.shape == (), type(x.grad)
+    assert float(x.grad) == sum(weight(k, me) for k in range(n)), x.grad
 
 
 def case_alltoall_function_exchanges_arrays_and_gradients_including_empty_ones(hvd):

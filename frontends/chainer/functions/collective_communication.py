@@ -41,9 +41,11 @@ def _metas(arrays):
 
 
 def _sum(arrays, dtype):
-    """Sum of same-shaped arrays; float16 is accumulated in float32."""
+    """Sum of same-shaped arrays, an array (0-d ones too: NumPy's sum gives
+    a scalar, which Chainer refuses as a gradient); float16 is accumulated
+    in float32."""
     acc = np.float32 if np.dtype(dtype) == np.float16 else dtype
-    return np.sum(np.stack(arrays), axis=0, dtype=acc).astype(dtype, copy=False)
+    return np.asarray(np.sum(np.stack(arrays), axis=0, dtype=acc)).astype(dtype, copy=False)
 
 
 def _variables(arrays):
