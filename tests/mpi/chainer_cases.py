@@ -463,25 +463,30 @@ def case_a_communicator_over_an_mpi4py_sub_communicator_beside_the_whole_jobs(hv
         sub.Free()
 
 
-def case_one_group_makes_a_communicator_over_its_registered_set_again_alone(hvd):
-    # ChainerMN wraps an mpi_comm locally. The process set of a group already
-    # registered is reused: the group's ranks alone make the communicator,
-    # where they waited for the other group's ranks to register it with them
-    # (found by tests/scripts/random_chainer.py: a deadlock error after 75 s).
+def case_groups_wrap_their_sub_communicators_where_only_some_sets_are_registered(hvd):
+    # Every rank wraps its group's sub-communicator at once; rank 0's group
+    # has a process set already, the others' do not. Every rank must still
+    # take part in registering theirs: a frontend that let rank 0 reuse its
+    # set alone left the others waiting for it (a deadlock error after 120 s,
+    # found by tests/scripts/random_chainer.py). And communicators are
+    # numbered per group, so the extra ones of some groups leave the names of
+    # the whole job's next communicator alike on every rank.
     world = MPI.COMM_WORLD
-    sub = world.Split(world.rank % 2, world.rank)
+    subs = [world.Split(int(world.rank != 0), world.rank), world.Split(world.rank, 0)]
     try:
-        first = chainermn.create_communicator("naive", mpi_comm=sub)
-        members = [r for r in range(world.size) if r % 2 == world.rank % 2]
-        if world.rank % 2 == 0:
-            again = chainermn.create_communicator("naive", mpi_comm=sub)
-            assert again.process_set.process_set_id == first.process_set.process_set_id
-            assert again.allreduce(np.array([world.rank], np.int64))[0] == sum(members)
-            again.finalize()
-        assert COMM.allreduce(np.ones(1))[0] == world.size
-        first.finalize()
+        first = chainermn.create_communicator("naive", mpi_comm=subs[0])
+        second = chainermn.create_communicator("naive", mpi_comm=subs[1])
+        assert second.size == 1
+        assert second.allreduce(np.array([world.rank], np.int64))[0] == world.rank
+        if world.rank != 0:
+            assert first.allreduce(np.ones(1))[0] == world.size - 1
+        whole = chainermn.create_communicator("naive")
+        assert whole.allreduce(np.ones(1))[0] == world.size
+        for comm in (first, second, whole):
+            comm.finalize()
     finally:
-        sub.Free()
+        for sub in subs:
+            sub.Free()
 
 
 def case_finalized_communicator_refuses_work(hvd):

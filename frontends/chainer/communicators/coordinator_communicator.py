@@ -217,9 +217,10 @@ class CoordinatorCommunicator(CommunicatorBase):
         model- and data-parallel program) is registered collectively: every
         rank of the coordinator creates its own at the same time, as after
         `MPI.COMM_WORLD.Split`; the groups are gathered and each is added.
-        A set already registered over these ranks (registered on every rank
-        alike) is reused, by these ranks alone, as ChainerMN wraps an
-        mpi_comm without the others."""
+        Every rank takes part even where its group's set is registered
+        already: another group's may not be (ChainerMN wraps an mpi_comm
+        without the other groups; here a group that does so alone waits for
+        them, and the deadlock check fails it)."""
         if len(set(self._global)) != len(self._global):
             raise ValueError(
                 f"create_communicator: mpi_comm holds processes of {self.mpi_comm.size} that "
@@ -229,9 +230,6 @@ class CoordinatorCommunicator(CommunicatorBase):
                 "or from sub-communicators of it")
         if sorted(self._global) == list(range(hvd.size())):
             return hvd.global_process_set
-        registered = _registered_set(self._global)
-        if registered is not None:
-            return registered
         process_set = hvd.ProcessSet(self.mpi_comm)  # (a list must agree on every rank)
         basics.ensure_initialized(process_sets=[process_set])
         return process_set
