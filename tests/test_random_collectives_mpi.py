@@ -6,8 +6,10 @@ step), none at all (every tensor through a round), no fusion, four ranks;
 with bad input now and then; with process sets added and removed; with
 scale factors; from several threads at once; as "CUDA" arrays through the
 NCCL backend (a fake CuPy). And the same for frontends.torch
-(tests/scripts/random_torch.py). And uneven steps with join() (tests/scripts/random_join.py).
-And a rank killed half way through either, under ULFM."""
+(tests/scripts/random_torch.py), frontends.chainer (random_chainer.py) and
+frontends.tensorflow (random_tensorflow.py). And uneven steps with join()
+(tests/scripts/random_join.py). And a rank killed half way through random
+collectives or joins, under ULFM."""
 
 import os
 import sys
@@ -103,6 +105,33 @@ def test_random_torch_steps_match_torch_on_every_rank(np_, env):
     view), named and unnamed (tests/scripts/random_torch.py)."""
     _run_and_check("random_torch.py", np_ + len(env), 25, np_,
                    dict(env, OMP_NUM_THREADS="1"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_, env", [(2, {}), (3, {}), (4, {"BAD": "0.3"})],
+                         ids=["2", "3", "4_refusals"])
+def test_random_chainermn_steps_match_numpy_on_every_rank(np_, env):
+    """ChainerMN's communicator methods, chainermn.functions, the multi-node
+    optimizer and scatter_dataset on the whole job, splits and groups over
+    mpi4py sub-communicators (tests/scripts/random_chainer.py)."""
+    from chainer_presence import CHAINER_REASON, NO_CHAINER
+
+    if NO_CHAINER:
+        pytest.skip(CHAINER_REASON)
+    _run_and_check("random_chainer.py", np_ + 20, 15, np_, env)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("np_, env", [
+    (3, {}), (3, {"HOROVOD_CACHE_CAPACITY": "2", "HOROVOD_FUSION_THRESHOLD": "0"})],
+    ids=["3", "3_cache_of_two_no_fusion"])
+def test_random_tensorflow_steps_match_numpy_on_every_rank(np_, env):
+    """frontends.tensorflow's and .keras's collectives, IndexedSlices,
+    gradients through them and DistributedGradientTape, eager and in
+    tf.function, on the global set and two process sets
+    (tests/scripts/random_tensorflow.py)."""
+    pytest.importorskip("tensorflow")
+    _run_and_check("random_tensorflow.py", np_ + len(env) + 30, 10, np_, env)
 
 
 def _run_and_check(script, seed, count, np_, env):
