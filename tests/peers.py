@@ -51,10 +51,11 @@ def continue_on_warning(rank, pid):
     logging.getLogger("coordinator").addHandler(_ContinueOnWarning(rank, pid))
 
 
-def leave_mark(directory, what):
-    """Leaves the mark `what` in `directory`, whole (made, then renamed)."""
-    with open(os.path.join(directory, what + ".tmp"), "w"):
-        pass
+def leave_mark(directory, what, text=""):
+    """Leaves the mark `what` in `directory`, whole (made, then renamed),
+    holding `text`."""
+    with open(os.path.join(directory, what + ".tmp"), "w") as f:
+        f.write(text)
     os.rename(os.path.join(directory, what + ".tmp"), os.path.join(directory, what))
 
 

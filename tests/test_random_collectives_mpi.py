@@ -172,11 +172,14 @@ def test_a_rank_stopped_half_way_through_a_random_step_is_named_on_every_rank(
             assert f"rank {victim}" in said[0], said
 
 
+# (Not with sets added at run time: Open MPI 5.0.11's ULFM can crash a
+# survivor when a rank dies while the others are making a communicator with
+# it; see the README, "What was and was not run here".)
 KILLS = {
-    "collectives_dynamic_sets": ("random_collectives.py", 3, "1,3,1", {
-        "DYNAMIC_SETS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1", "REUSE": "0.5"}),
+    "collectives_bad_input": ("random_collectives.py", 3, "1,3,1", {
+        "BAD_INPUT": "0.1", "REUSE": "0.5"}),
     "collectives_fake_gpu_four_ranks": ("random_collectives.py", 4, "2,2,2", {
-        "FAKE_GPU": "1", "DYNAMIC_SETS": "1", "HOROVOD_DYNAMIC_PROCESS_SETS": "1"}),
+        "FAKE_GPU": "1", "REUSE": "0.5"}),
     "collectives_the_coordinator": ("random_collectives.py", 3, "0,3,3", {"REUSE": "0.9"}),
     "join_sets": ("random_join.py", 3, "1,1,2", {"SETS": "1"}),
     "join_the_coordinator_four_ranks": ("random_join.py", 4, "0,1,1", {
@@ -186,7 +189,8 @@ KILLS = {
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("setting", sorted(KILLS))
-def test_a_rank_killed_half_way_through_random_steps_is_named_by_every_survivor(setting):
+def test_a_rank_killed_half_way_through_random_steps_is_named_by_every_survivor(setting,
+                                                                              tmp_path):
     """SIGKILL after it submitted part of a step (KILL in the scripts), under
     `mpirun --with-ft ulfm`, which lets the survivors run on, so each must
     end by itself: each raises RankFailedError naming the dead rank (the
@@ -197,7 +201,8 @@ def test_a_rank_killed_half_way_through_random_steps_is_named_by_every_survivor(
     cmd = [mpirun_path(), "--with-ft", "ulfm", "-n", str(np_), "--oversubscribe",
            "--bind-to", "none", sys.executable, os.path.join(SCRIPTS, script), "11", "8"]
     start = time.monotonic()
-    run = run_job(cmd, env=mpi_env(dict(env, KILL=kill)), timeout=180)
+    run = run_job(cmd, env=mpi_env(dict(env, KILL=kill, KILL_MARKS=str(tmp_path))),
+                  timeout=180)
     out = run.stdout + run.stderr
     assert run.returncode != 0, out[-4000:]
     assert time.monotonic() - start < 120, out[-4000:]
@@ -206,8 +211,11 @@ def test_a_rank_killed_half_way_through_random_steps_is_named_by_every_survivor(
     for rank in range(np_):
         if rank == victim:
             continue
-        said = [line for line in out.splitlines() if line.startswith(f"RANK {rank}: ")]
-        assert len(said) == 1, (rank, out[-4000:])
-        assert said[0].startswith(f"RANK {rank}: RankFailedError: "), said
-        assert (f"rank {victim} failed or left the job" in said[0]
-                or f"rank {victim} (pid " in said[0]), said
+        # (from the file it left: the launcher may drop the last lines a
+        # process printed as the job ends)
+        mark = tmp_path / f"said.{rank}"
+        assert mark.exists(), (rank, out[-4000:])
+        said = mark.read_text()
+        assert said.startswith(f"RANK {rank}: RankFailedError: "), said
+        assert (f"rank {victim} failed or left the job" in said
+                or f"rank {victim} (pid " in said), said

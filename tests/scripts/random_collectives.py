@@ -50,7 +50,9 @@ until the stopped rank has had its say too, and shuts down.
 
 With KILL=RANK,STEP,K that rank kills itself (SIGKILL) after submitting K
 of its operations of step STEP; each other rank prints what its step saw,
-`RANK r: <ExceptionType>: <message>`, and the job ends.
+`RANK r: <ExceptionType>: <message>` (and leaves it in the file said.<r>
+of KILL_MARKS, a directory, where given: the launcher may drop what a
+process printed last as the job ends), and the job ends.
 
 With FAKE_GPU=1 every tensor is a "CUDA" array of tests/gpu_fakes.py (host
 memory behind `__cuda_array_interface__`), so the operations take the NCCL
@@ -106,7 +108,7 @@ if FAKE_GPU:
 hvd.init(process_sets=[SETS["pair"], SETS["tail"]])
 ME = hvd.rank()
 if KILL:  # where the survivors say they have had their say
-    MARKS = hvd.broadcast_object(
+    MARKS = os.environ.get("KILL_MARKS") or hvd.broadcast_object(
         tempfile.mkdtemp(prefix="random-kill-") if ME == 0 else None, name="kill.marks")
 if STOP:  # where the ranks leave marks for each other (the tests give a directory
     # they remove; by hand, one in /tmp), and whom to continue
@@ -469,8 +471,9 @@ try:
     hvd.barrier()
 except hvd.HorovodInternalError as exc:
     if KILL:  # what the survivor saw; the job ends once every survivor has said it
-        print(f"RANK {ME}: {type(exc).__name__}: {exc}", flush=True)
-        peers.leave_mark(MARKS, f"said.{ME}")
+        said = f"RANK {ME}: {type(exc).__name__}: {exc}"
+        print(said, flush=True)
+        peers.leave_mark(MARKS, f"said.{ME}", said)
         peers.marked(MARKS, [f"said.{r}" for r in range(SIZE) if r != KILL[0]], 60)
         raise
     if not STOP:

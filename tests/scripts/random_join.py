@@ -24,8 +24,10 @@ earlier, and the next rounds draw from the sets there are then.
 
 With KILL=RANK,ROUND,STEP that rank kills itself (SIGKILL) as round ROUND's
 step STEP begins (just before its join, where it has fewer steps); each
-other rank prints what it saw, `RANK r: <ExceptionType>: <message>`, and the
-job ends.
+other rank prints what it saw, `RANK r: <ExceptionType>: <message>` (and
+leaves it in the file said.<r> of KILL_MARKS, a directory, where given: the
+launcher may drop what a process printed last as the job ends), and the job
+ends.
 
 Usage: mpirun -n N python random_join.py SEED ROUNDS
 """
@@ -72,7 +74,7 @@ if KILL:  # where the survivors say they have had their say
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import peers
 
-    MARKS = hvd.broadcast_object(
+    MARKS = os.environ.get("KILL_MARKS") or hvd.broadcast_object(
         tempfile.mkdtemp(prefix="random-kill-") if ME == 0 else None, name="kill.marks")
 
 
@@ -198,8 +200,9 @@ try:
         run_round(rnd)
 except hvd.HorovodInternalError as exc:
     if KILL:  # what the survivor saw; the job ends once every survivor has said it
-        print(f"RANK {ME}: {type(exc).__name__}: {exc}", flush=True)
-        peers.leave_mark(MARKS, f"said.{ME}")
+        said = f"RANK {ME}: {type(exc).__name__}: {exc}"
+        print(said, flush=True)
+        peers.leave_mark(MARKS, f"said.{ME}", said)
         peers.marked(MARKS, [f"said.{r}" for r in range(SIZE) if r != KILL[0]], 60)
     raise
 hvd.shutdown()

@@ -8,8 +8,9 @@ Modes:
               collective the others are already running (a test hook wraps
               its backend), so that the others' collective fails under
               them. Each survivor prints what its training loop saw,
-              `RANK r: <ExceptionType>: <message>`, and leaves a mark in
-              REPORTS_DIR; it raises once every survivor has (10 s at
+              `RANK r: <ExceptionType>: <message>`, and leaves it in a
+              file of REPORTS_DIR (the launcher may drop what a process
+              printed last as the job ends); it raises once every survivor has (10 s at
               most), so that no survivor's exit ends the job before the
               others have had their say.
 """
@@ -59,9 +60,10 @@ for step in range(100000):
     try:
         hvd.allreduce(np.ones(1 << 16), name="grad")
     except hvd.HorovodInternalError as exc:
-        print(f"RANK {hvd.rank()}: {type(exc).__name__}: {exc}", flush=True)
+        said = f"RANK {hvd.rank()}: {type(exc).__name__}: {exc}"
+        print(said, flush=True)
         if os.environ.get("REPORTS_DIR"):
-            peers.leave_mark(os.environ["REPORTS_DIR"], f"said.{hvd.rank()}")
+            peers.leave_mark(os.environ["REPORTS_DIR"], f"said.{hvd.rank()}", said)
             peers.marked(os.environ["REPORTS_DIR"], [
                 f"said.{r}" for r in range(hvd.size()) if r != VICTIM], 10)
         raise
