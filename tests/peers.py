@@ -70,6 +70,35 @@ def marked(directory, marks, seconds):
     return True
 
 
+class BeforeNthOperation:
+    """Wraps a rank's backend (`Background.ops`): `action()` runs just
+    before its `n`-th operation starts, after every rank has been told to
+    run it, so that the others are in that collective already."""
+
+    def __init__(self, ops, n, action):
+        self.ops, self.n, self.action = ops, n, action
+        self.count = 0
+
+    def run(self, *args, **kwargs):
+        self.count += 1
+        if self.count == self.n:
+            self.action()
+        return self.ops.run(*args, **kwargs)
+
+
+def survivor_says(directory, rank, size, victim, exc, seconds=60):
+    """Prints what survivor `rank` saw, `RANK r: <ExceptionType>: <message>`,
+    leaves it in the file said.<rank> of `directory` (where given: the
+    launcher may drop what a process printed last as the job ends), and
+    waits until every rank but `victim` has, `seconds` at most, so that no
+    survivor's exit ends the job before the others have had their say."""
+    said = f"RANK {rank}: {type(exc).__name__}: {exc}"
+    print(said, flush=True)
+    if directory:
+        leave_mark(directory, f"said.{rank}", said)
+        marked(directory, [f"said.{r}" for r in range(size) if r != victim], seconds)
+
+
 def while_in_flight(hvd, submit, check, names=("held.a", "held.b")):
     """Runs `check(name)` on every rank while the tensor `name`, which this
     rank submitted with `submit(name)`, is certain to be in flight; returns

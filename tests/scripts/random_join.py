@@ -200,10 +200,7 @@ try:
         run_round(rnd)
 except hvd.HorovodInternalError as exc:
     if KILL:  # what the survivor saw; the job ends once every survivor has said it
-        said = f"RANK {ME}: {type(exc).__name__}: {exc}"
-        print(said, flush=True)
-        peers.leave_mark(MARKS, f"said.{ME}", said)
-        peers.marked(MARKS, [f"said.{r}" for r in range(SIZE) if r != KILL[0]], 60)
+        peers.survivor_says(MARKS, ME, SIZE, KILL[0], exc)
     raise
 hvd.shutdown()
 print("OK", ME, ROUNDS, flush=True)

@@ -33,25 +33,11 @@ VICTIM = int(sys.argv[2])
 DIE_AT = 20
 
 
-class DieInCollective:
-    """Wraps the victim's backend: the DIE_AT-th operation kills the process
-    right before it starts, after every rank has been told to run it."""
-
-    def __init__(self, ops):
-        self.ops = ops
-        self.count = 0
-
-    def run(self, *args, **kwargs):
-        self.count += 1
-        if self.count == DIE_AT:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return self.ops.run(*args, **kwargs)
-
-
 hvd.init()
 if MODE == "collective" and hvd.rank() == VICTIM:
     bg = runtime.current().background
-    bg.ops = DieInCollective(bg.ops)
+    bg.ops = peers.BeforeNthOperation(bg.ops, DIE_AT,
+                                      lambda: os.kill(os.getpid(), signal.SIGKILL))
 for step in range(100000):
     if hvd.rank() == VICTIM and step == DIE_AT and MODE != "collective":
         if MODE == "kill":
@@ -60,12 +46,8 @@ for step in range(100000):
     try:
         hvd.allreduce(np.ones(1 << 16), name="grad")
     except hvd.HorovodInternalError as exc:
-        said = f"RANK {hvd.rank()}: {type(exc).__name__}: {exc}"
-        print(said, flush=True)
-        if os.environ.get("REPORTS_DIR"):
-            peers.leave_mark(os.environ["REPORTS_DIR"], f"said.{hvd.rank()}", said)
-            peers.marked(os.environ["REPORTS_DIR"], [
-                f"said.{r}" for r in range(hvd.size()) if r != VICTIM], 10)
+        peers.survivor_says(os.environ.get("REPORTS_DIR"), hvd.rank(), hvd.size(), VICTIM,
+                            exc, 10)
         raise
     time.sleep(0.005)
 print(f"rank {hvd.rank()} FINISHED AS IF NOTHING HAPPENED", flush=True)

@@ -61,21 +61,6 @@ def continue_victim():
     os.kill(int(pids[VICTIM]), signal.SIGCONT)
 
 
-class StopInCollective:
-    """Wraps the victim's backend: the STOP_AT-th operation stops the process
-    right before it starts, after every rank has been told to run it."""
-
-    def __init__(self, ops):
-        self.ops = ops
-        self.count = 0
-
-    def run(self, *args, **kwargs):
-        self.count += 1
-        if self.count == STOP_AT:
-            stop_me()
-        return self.ops.run(*args, **kwargs)
-
-
 def reported():
     """The victim has printed its outcome."""
     with open(os.path.join(REPORTS, "victim"), "w"):
@@ -120,7 +105,7 @@ if MODE == "shutdown":
     background.SHUTDOWN_TIMEOUT = SHUTDOWN_DEADLINE
 if MODE == "collective" and me == VICTIM:
     bg = runtime.current().background
-    bg.ops = StopInCollective(bg.ops)
+    bg.ops = peers.BeforeNthOperation(bg.ops, STOP_AT, stop_me)
 start = None
 for step in range(200):
     if MODE in ("between", "shutdown") and me == VICTIM and step == STOP_AT:
