@@ -44,7 +44,7 @@ from coordinator.fusion import copy_scaled
 from coordinator.liveness import describe_dead
 from coordinator.negotiation import (FLAG_CLASSIC, FLAG_FRESH, FLAG_PENDING, FLAG_REPORT,
                                      SlotTable, complete_groups, plan_ready)
-from coordinator.ops_names import display_name, format_ranks, op_name
+from coordinator.ops_names import describe, display_name, format_ranks, op_name
 from coordinator.owed import Owed, due_now
 from coordinator.pacing import DeviceHold, SwitchInterval
 from coordinator.response_cache import WorkerCache
@@ -1444,7 +1444,7 @@ class Background:
     def _waiting_for(self):
         op = self.executor.oldest()
         if op is not None and op.names:
-            return f"{op_name(op.response.op)} of tensor '{op.names[0]}'"
+            return describe(op.response.op, op.names[0])
         return "work submitted to it"
 
     def _fail_everywhere(self, text, kind=pb.STALL):
@@ -1551,7 +1551,7 @@ class Background:
         spec = resp.specs[index] if index < len(resp.specs) else None
         if spec is None:
             raise HorovodInternalError(
-                f"rank {self.rank} was asked to run {op_name(resp.op)} of tensor '{name}', "
+                f"rank {self.rank} was asked to run {describe(resp.op, name)}, "
                 "which it never submitted")
         info = dtypes.BY_WIRE[spec.dtype]
         shape = tuple(spec.shape)

@@ -29,7 +29,8 @@ import numpy as np
 
 from coordinator import dtypes, gpu, runtime, tensor_queue
 from coordinator.errors import NotInitializedError
-from coordinator.ops_names import CPU_DEVICE, INTERNAL_PREFIX, JOIN_NAME, barrier_name
+from coordinator.ops_names import (CPU_DEVICE, INTERNAL_PREFIX, JOIN_NAME, barrier_name, labelled,
+                                    object_exchange_name)
 from coordinator.process_sets import ProcessSet, global_process_set
 from coordinator.tensor_queue import Entry
 from coordinator.wire import pb
@@ -65,8 +66,8 @@ def _runtime_for(what):
 
 def label(op, name):
     """How every error names an operation: its kind and, when it has one,
-    its tensor's full name. The frontends use it too."""
-    return f"{op} of tensor '{name}'" if name else op
+    its tensor's full name (ops_names.labelled). The frontends use it too."""
+    return labelled(op, name)
 
 
 def _name(prefix, name):
@@ -471,7 +472,18 @@ def _allgather_entry(tensor, name, ps, group="", group_size=0):
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts concatenating every rank's `tensor` along the first dimension
     (which may differ per rank) and returns a handle."""
-    name = _name("allgather", name)
+    return _allgather_async(tensor, _name("allgather", name), process_set)
+
+
+def object_exchange_async(kind, payload, name, process_set=global_process_set):
+    """The allgather of bytes that moves Python objects (objects.py) for
+    `kind` ('broadcast_object', 'allgather_object') called with `name`:
+    named in the coordinator's namespace, where no tensor's name meets it,
+    and named after `kind` in errors."""
+    return _allgather_async(payload, object_exchange_name(kind, _name(kind, name)), process_set)
+
+
+def _allgather_async(tensor, name, process_set):
     rt = _runtime_for(label("allgather", name))
     ps = _checked_set(process_set, rt, label("allgather", name), name, pb.ALLGATHER)
     with _refusal(rt, name, pb.ALLGATHER, ps):

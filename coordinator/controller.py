@@ -29,7 +29,8 @@ import collections
 import time
 
 from coordinator import dtypes
-from coordinator.ops_names import JOIN_NAME, display_name, format_ranks, op_name, reduce_op_name
+from coordinator.ops_names import (JOIN_NAME, describe, display_name, format_ranks, op_name,
+                                    reduce_op_name)
 from coordinator.negotiation import answered_in_rounds, in_rounds
 from coordinator.response_cache import CoordinatorCache, float_key
 from coordinator.stall_inspector import StallInspector
@@ -182,7 +183,7 @@ def mismatch_text(field, op, name, values_by_rank, render):
     for i, (value, ranks) in enumerate(ordered):
         label = f"{field} " if i == 0 else ""
         parts.append(f"{format_ranks(ranks)} sent {label}{render(value)}")
-    return f"Mismatched {field} for {op_name(op)} of tensor '{name}': " + "; ".join(parts) + "."
+    return f"Mismatched {field} for {describe(op, name)}: " + "; ".join(parts) + "."
 
 
 def _itemsize(req):
@@ -309,13 +310,13 @@ class Controller:
         if members is None:
             if not req.rejected:
                 self._fail((rank,), pset, req,
-                           f"{op_name(req.op)} of tensor '{name}' names process set {pset}, "
+                           f"{describe(req.op, name)} names process set {pset}, "
                            "which is not registered (was it removed?)")
             return
         if rank not in members:
             if not req.rejected:
                 self._fail((rank,), pset, req,
-                           f"rank {rank} submitted {op_name(req.op)} of tensor '{name}' on "
+                           f"rank {rank} submitted {describe(req.op, name)} on "
                            f"process set {pset}, which does not include it (members: "
                            f"{list(members)})")
             return
@@ -335,7 +336,7 @@ class Controller:
                                               submit_time)
         if rank in neg.requests:
             self._fail((rank,), pset, req,
-                       f"{op_name(req.op)} of tensor '{name}' was submitted twice by rank "
+                       f"{describe(req.op, name)} was submitted twice by rank "
                        f"{rank} before it completed")
             return
         neg.requests[rank] = req
@@ -688,7 +689,7 @@ class Controller:
         """`rank` refused this operation (bad input on that rank): it fails on
         every member, naming the rank and its reason."""
         what = (f"grouped {op_name(req.op)} '{req.group}'" if req.group
-                else f"{op_name(req.op)} of tensor '{req.name}'")
+                else describe(req.op, req.name))
         text = f"rank {rank} rejected {what}: {req.rejected}"
         if req.group:
             gkey = (pset, req.group)
@@ -799,7 +800,7 @@ class Controller:
         members = neg.members
         joined = [m for m in members if m in self._joined]
         if joined and req.op in NOT_WITH_JOIN:
-            return (f"{op_name(req.op)} of tensor '{neg.name}' cannot run while "
+            return (f"{describe(req.op, neg.name)} cannot run while "
                     f"{format_ranks(joined)} {_have(joined)} joined: only allreduce takes "
                     "part with a joined rank (Horovod raises here too)")
         if joined and req.op in EVERY_RANK_OPS:
@@ -878,8 +879,8 @@ class Controller:
                 self._negotiation_over(other)
                 rep = other.representative()
                 self._plans.append(Plan(self._error_response(
-                    pid, rep, f"process set {pid} was removed before {op_name(rep.op)}"
-                              f" of tensor '{other.name}' could run"), sorted(other.requests)))
+                    pid, rep, f"process set {pid} was removed before "
+                              f"{describe(rep.op, other.name)} could run"), sorted(other.requests)))
             for table in (self._owed, self._owed_groups, self._groups):
                 for key in [k for k in table if k[0] == pid]:
                     del table[key]

@@ -9,6 +9,12 @@ with the job's error, where a raw MPI call would wait for good. The headers
 carry what each rank asked for (the root of a broadcast), so ranks that
 disagree all raise the same TensorMismatchError, naming every rank's value.
 
+The allgather is named in the coordinator's own namespace
+(`coordinator.broadcast_object.<name>`), where a program's tensors cannot
+go: an allgather of a tensor named 'broadcast_object.x' in flight with
+broadcast_object(name='x') used to meet it, and both failed. Errors name
+the object operation ("broadcast_object 'x'"), not the allgather under it.
+
 A default name does not depend on the object: Horovod names a broadcast
 after the object's type, so the common `broadcast_object(state if rank == 0
 else None)` gave the root and the others different names, and the job hung.
@@ -20,6 +26,7 @@ import numpy as np
 
 from coordinator import basics, collectives
 from coordinator.errors import TensorMismatchError
+from coordinator.ops_names import object_exchange_name
 from coordinator.process_sets import global_process_set
 
 try:
@@ -39,17 +46,18 @@ def loads(data):
     return _pickle.loads(data)
 
 
-def _exchange(name, process_set, root, obj):
+def _exchange(kind, name, process_set, root, obj):
     """Every member's (root, payload bytes), in process-set order: one
     allgather of `header + pickle of obj` from each (an empty payload for
-    `_NOTHING`)."""
-    return _exchange_async(name, process_set, root, obj)()
+    `_NOTHING`), for `kind` ('broadcast_object', 'allgather_object') named
+    `name`."""
+    return _exchange_async(kind, name, process_set, root, obj)()
 
 
 _NOTHING = object()  # (a broadcast's non-root ranks send no pickle)
 
 
-def _exchange_async(name, process_set, root, obj):
+def _exchange_async(kind, name, process_set, root, obj):
     """Submits the exchange; returns the function that waits for it. An
     object that cannot be pickled is this rank's refusal of the exchange:
     the others' copies fail naming it, as for a bad tensor, where they used
@@ -58,10 +66,10 @@ def _exchange_async(name, process_set, root, obj):
     try:
         payload = b"" if obj is _NOTHING else dumps(obj)
     except Exception as exc:
-        collectives.refuse("allgather", name, exc, process_set)
+        collectives.refuse("allgather", object_exchange_name(kind, name), exc, process_set)
         raise
     mine = np.frombuffer(_HEADER.pack(root, len(payload)) + payload, np.uint8)
-    handle = collectives.allgather_async(mine, name=name, process_set=process_set)
+    handle = collectives.object_exchange_async(kind, mine, name, process_set)
     return lambda: _parts(collectives.synchronize(handle))
 
 
@@ -80,7 +88,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     global rank, as for broadcast); the root gets its own object back."""
     name = name or "broadcast_object"
     is_root = basics.rank() == root_rank
-    parts = _exchange(f"broadcast_object.{name}", process_set, int(root_rank),
+    parts = _exchange("broadcast_object", name, process_set, int(root_rank),
                       obj if is_root else _NOTHING)
     ranks = process_set.ranks
     roots = [r for r, _ in parts]
@@ -106,5 +114,5 @@ def allgather_object_async(obj, name=None, process_set=global_process_set):
     returns its result. An operation submitted before that wait is
     negotiated with it (a frontend's shapes and their data: one round)."""
     name = name or "allgather_object"
-    wait = _exchange_async(f"allgather_object.{name}", process_set, -1, obj)
+    wait = _exchange_async("allgather_object", name, process_set, -1, obj)
     return lambda: [loads(data) for _, data in wait()]

@@ -36,12 +36,43 @@ ADD_PROCESS_SET_NAME = INTERNAL_PREFIX + "add_process_set"
 REMOVE_PROCESS_SET_NAME = INTERNAL_PREFIX + "remove_process_set"
 
 
+# Python objects travel as allgathers of bytes (objects.py) named in that
+# namespace too, so a tensor named 'broadcast_object.x' meets none of them,
+# and errors name the object operation, not the allgather under it.
+OBJECT_OPERATIONS = ("broadcast_object", "allgather_object")
+
+
+def object_exchange_name(kind, name):
+    """The allgather's name of `kind` ('broadcast_object', 'allgather_object')
+    called with `name`."""
+    return f"{INTERNAL_PREFIX}{kind}.{name}"
+
+
 def barrier_name(process_set_id):
     return f"{INTERNAL_PREFIX}barrier.{process_set_id}"
 
 
 def op_name(op):
     return OP_NAMES.get(op, f"op#{op}")
+
+
+def labelled(kind, name):
+    """How every error names an operation: "allreduce of tensor 'x'", or
+    "broadcast_object 'x'" for an object exchange. `kind` is the operation's
+    name ('allreduce'), `name` the tensor's full name (None: `kind` alone)."""
+    if not name:
+        return kind
+    if name.startswith(INTERNAL_PREFIX):
+        for operation in OBJECT_OPERATIONS:
+            prefix = f"{INTERNAL_PREFIX}{operation}."
+            if name.startswith(prefix):
+                return f"{operation} '{name[len(prefix):]}'"
+    return f"{kind} of tensor '{name}'"
+
+
+def describe(op, name):
+    """`labelled` for a wire op (pb.ALLREDUCE)."""
+    return labelled(op_name(op), name)
 
 
 def reduce_op_name(op):

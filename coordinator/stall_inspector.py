@@ -20,7 +20,7 @@ submitted them, each error naming every wait of the deadlock. Horovod
 warns about such a job for ever.
 """
 
-from coordinator.ops_names import format_ranks, op_name
+from coordinator.ops_names import describe, format_ranks
 
 
 class Stall:
@@ -40,7 +40,7 @@ class Stall:
         where = f" in process set {self.key[0]}" if self.key[0] else ""
         inside = "".join(f"; rank {rank} has been inside {what}"
                          for rank, what in sorted(self.inside.items()))
-        return (f"{op_name(self.op)} of tensor '{self.name}'{where}: "
+        return (f"{describe(self.op, self.name)}{where}: "
                 f"{format_ranks(self.missing)} "
                 f"did not submit it{inside}; {format_ranks(self.submitted)} "
                 f"{'has' if len(self.submitted) == 1 else 'have'} waited {self.waited:.1f} s")

@@ -11,7 +11,7 @@ import collections
 import threading
 import time
 
-from coordinator.ops_names import op_name
+from coordinator.ops_names import describe
 from coordinator.response_cache import NAN_KEY
 from coordinator.wire import pb
 
@@ -144,7 +144,7 @@ class Entry:
 
     def describe(self):
         where = f" in process set {self.key[0]}" if self.key[0] else ""
-        return f"{op_name(self.op)} of tensor '{self.name}'{where}"
+        return f"{describe(self.op, self.name)}{where}"
 
     def finish(self, result):
         """Completes the entry with `result`; False if it had completed already."""

@@ -48,7 +48,7 @@ and receives the messages.
 
 import time
 
-from coordinator.ops_names import format_ranks, op_name
+from coordinator.ops_names import describe, format_ranks
 
 MAX_PERIOD = 1.0
 MIN_PERIOD = 0.05
@@ -83,7 +83,7 @@ def _fatal(text, silent, shutdown_time, silence):
 
 def _what(pset, name, op):
     where = f" in process set {pset}" if pset else ""
-    return f"{op_name(op)} of tensor '{name}'{where}"
+    return f"{describe(op, name)}{where}"
 
 
 class InFlightOp:
@@ -216,15 +216,15 @@ class Watchdog:
         if not any(silent >= 3 * self.period for items in suspects.values()
                    for _, silent in items):
             texts += [(rank, items, self._absent_text) for rank, items in sorted(absent.items())]
-        for rank, items, describe in texts:
+        for rank, items, say in texts:
             # The collective it holds up says more than the cycle it misses.
             op, silent = max(items, key=lambda item: (not item[0].name.startswith("("),
                                                       now - item[0].started))
-            text = describe(rank, op, silent, now)
+            text = say(rank, op, silent, now)
             ends = _fatal(" " + text, silent, self.shutdown_time, self.silence)
             if ends:
                 if fatal is None:
-                    fatal, self.silent = ends, describe == self._text
+                    fatal, self.silent = ends, say == self._text
             elif self.check_time > 0 and silent >= self.check_time:
                 last = self._warned.get(rank)
                 if last is None or now - last >= self.check_time:

@@ -676,3 +676,20 @@ def case_broadcast_object_with_different_roots_raises_on_every_rank(hvd):
     exc = expect_raises(ValueError, hvd.broadcast_object, 1, root_rank=n + 3)
     assert f"root rank {n + 3}" in str(exc)
     assert hvd.broadcast_object(me, root_rank=0) == 0  # the job goes on
+
+
+def case_object_exchanges_meet_no_tensor_named_like_them(hvd):
+    # broadcast_object(name="same") was an allgather of a tensor named
+    # 'broadcast_object.same': a program's own allgather of that name in
+    # flight with it failed both ("submitted twice"). The exchanges are now
+    # named in the coordinator's namespace.
+    n, me = hvd.size(), hvd.rank()
+    for kind in ("broadcast_object", "allgather_object"):
+        handle = hvd.allgather_async(np.full(2, me, np.int64), name=f"{kind}.same")
+        if kind == "broadcast_object":
+            assert hvd.broadcast_object(("root", me), root_rank=0, name="same") == ("root", 0)
+        else:
+            assert hvd.allgather_object(me, name="same") == list(range(n))
+        assert_equal(hvd.synchronize(handle), np.repeat(np.arange(n), 2))
+    exc = expect_raises(ValueError, hvd.broadcast_object, 1, name="coordinator.x")
+    assert "reserved" in str(exc), exc
