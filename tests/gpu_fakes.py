@@ -4,15 +4,23 @@ the core's recognition of CUDA arrays, the backend choice, the staging
 backend, the NCCL backend's bookkeeping and the device-fusion kernels
 (compiled for the host as C). Used by tests/test_gpu_fallback.py.
 
-What it cannot show: anything about real streams, events, CUDA or NCCL.
-Its streams run nothing asynchronously (every copy happens at once, every
-event has fired), and FakeNccl runs each NCCL call as the matching MPI call
-on host memory. A FakeNccl given a latency and bandwidth makes its calls
-take time on their stream: the data moves at once, but the stream's events
-fire only once the calls would have run (to study how the background thread
-waits for a GPU: tests/gpu_sim.py and the scripts that use it).
+What it cannot show: anything about real CUDA or NCCL. Its streams keep
+a queue, as a device's do: a copy, a kernel or an NCCL call runs at once
+when nothing queued before it on its stream is still waiting, else once
+that is done; FakeNccl runs each NCCL call as the matching non-blocking MPI
+call on host memory, and the stream's later work waits for it. The queue
+moves whenever an event of the stream is queried or the stream is
+synchronized (the background thread polls its completion events), so an
+NCCL call whose peers have not come leaves the caller free, as NCCL's
+enqueue does: it used to wait in the call, and a rank stopped then (SIGSTOP)
+held its peers' background threads there, unable to name it. A FakeNccl
+given a latency and bandwidth makes its calls take time on their stream:
+the stream's events fire only once the calls would have run (to study how
+the background thread waits for a GPU: tests/gpu_sim.py and the scripts
+that use it).
 """
 
+import collections
 import ctypes
 import os
 import struct
@@ -88,7 +96,10 @@ class FakeDeviceArray:
         return FakeDeviceArray(self._host.astype(dtype))
 
     def get(self):
-        """A host copy (cupy.ndarray.get)."""
+        """A host copy (cupy.ndarray.get, after the work queued on the current
+        stream, which may wait for other streams' events, has moved its data;
+        the data moves without waiting for a timed stream's time)."""
+        _Stream.current_stream().drain()
         return self._host.copy()
 
     # DLPack out, as CuPy's arrays export themselves. The "device" is host
@@ -129,14 +140,34 @@ class _Event:
     def record(self, stream=None):
         self.stream = stream
         self.time = time.perf_counter()
-        # The fake's device work is done at once, unless its stream was made
-        # to spend time (a timed FakeNccl): then once that time has passed.
+        # Fired once the work queued on the stream so far has run, and, where
+        # the stream was made to spend time (a timed FakeNccl), once that time
+        # has passed.
         stream = stream if stream is not None else _Stream.current_stream()
+        self._queue, self._position = stream, stream.queued
         self.done_at = max(self.time, stream.busy_until)
 
     @property
+    def moved(self):
+        """Whether the work queued on its stream before it has run (its data
+        has moved), whatever time a timed stream still has to spend."""
+        queue = getattr(self, "_queue", None)
+        return queue is None or queue.reached(self._position)
+
+    @property
     def done(self):
-        return time.perf_counter() >= self.done_at
+        return self.moved and time.perf_counter() >= self.done_at
+
+
+class _EventWait:
+    """Queued work that waits for another stream's event (wait_event): for
+    its data; the time it takes is the streams' clocks' affair (busy_until)."""
+
+    def __init__(self, event):
+        self.event = event
+
+    def Test(self):
+        return self.event.moved
 
 
 class _Stream:
@@ -152,6 +183,11 @@ class _Stream:
         self.waited = []
         self.waited_on = []
         self.busy_until = 0.0  # when the work queued on it would be done
+        self._work = collections.deque()  # work not started yet, in order
+        self._waiting = None  # (what the started work waits for, then what)
+        self.queued = 0  # work items queued so far, and run so far
+        self.ran = 0
+        self._advancing = False
         # As CuPy's: the device current when it was made; -1 for the null
         # stream, which any device may enter.
         self.device_id = -1 if null else _DeviceContext.current_id()
@@ -178,6 +214,55 @@ class _Stream:
                 return stream
         raise ValueError(f"no fake stream has pointer {ptr:#x}")
 
+    # One lock for every stream: the training threads query events and the
+    # background thread queues work, and one stream's work may wait for
+    # another's event.
+    _lock = threading.RLock()
+
+    def submit(self, work):
+        """Queues `work` (a function) behind what is queued on this stream:
+        it runs now if nothing before it is still waiting. What it returns,
+        if not None, is (something with Test(), a function or None): the
+        stream's later work waits until Test() is true, then the function
+        runs."""
+        with _Stream._lock:
+            self.queued += 1
+            self._work.append(work)
+            self.advance()
+
+    def reached(self, position):
+        """Whether the first `position` work items queued have run."""
+        with _Stream._lock:
+            self.advance()
+            return self.ran >= position
+
+    def advance(self):
+        """Runs queued work until some waits (for an MPI request, or for
+        another stream's event)."""
+        with _Stream._lock:
+            if self._advancing:
+                return  # (a work item's own calls)
+            self._advancing = True
+            try:
+                while True:
+                    if self._waiting is not None:
+                        pending, then = self._waiting
+                        if not pending.Test():
+                            return
+                        self._waiting = None
+                        if then is not None:
+                            then()
+                        self.ran += 1
+                    if not self._work:
+                        return
+                    waits = self._work.popleft()()
+                    if waits is None:
+                        self.ran += 1
+                    else:
+                        self._waiting = waits
+            finally:
+                self._advancing = False
+
     def spend(self, seconds):
         """Queues `seconds` of work: it starts once the stream is free."""
         self.busy_until = max(time.perf_counter(), self.busy_until) + seconds
@@ -198,8 +283,16 @@ class _Stream:
         self.waited.append(event)
         self.waited_on.append(_DeviceContext.current_id())  # the current device then
         self.busy_until = max(self.busy_until, event.done_at)
+        if getattr(event, "_queue", None) not in (None, self):
+            self.submit(lambda: None if event.moved else (_EventWait(event), None))
+
+    def drain(self):
+        """Waits until the work queued so far has run."""
+        while not self.reached(self.queued):
+            time.sleep(0.0002)
 
     def synchronize(self):
+        self.drain()
         time.sleep(max(0.0, self.busy_until - time.perf_counter()))
 
 
@@ -243,7 +336,9 @@ def _elapsed_ms(start, end):
 
 
 def _memcpy(dst, src, nbytes, kind, stream):
-    ctypes.memmove(dst, src, nbytes)
+    def copy():
+        ctypes.memmove(dst, src, nbytes)
+    _Stream.of(stream).submit(copy)
 
 
 def install_for_a_job(comm, latency=None):
@@ -365,8 +460,9 @@ class HostKernels:
 
         def launch(grid, block, args):
             table, n, buf, total, scale, divisor, scaled = args
-            fn(table.data.ptr, int(n), buf.data.ptr, int(total), float(scale), float(divisor),
-               int(scaled))
+            call = (table.data.ptr, int(n), buf.data.ptr, int(total), float(scale),
+                    float(divisor), int(scaled))
+            _Stream.current_stream().submit(lambda: fn(*call))
         return launch
 
 
@@ -385,8 +481,10 @@ def _host(ptr, count, dtype):
 
 class FakeNccl:
     """cupy.cuda.nccl over MPI on host memory: each call runs as the matching
-    MPI call on `comm` (a communicator of its own, over every rank), at
-    once or, inside groupStart/groupEnd, all together at groupEnd."""
+    non-blocking MPI call on `comm` (a communicator of its own, over every
+    rank), queued on its stream (see the module doc); inside
+    groupStart/groupEnd, all together at groupEnd, on the stream of the
+    group's calls."""
 
     NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64 = 0, 1, 2, 3, 4
     NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_BFLOAT16 = 6, 7, 8, 9
@@ -450,12 +548,17 @@ class FakeNccl:
         self.group = []
 
     def groupEnd(self):
-        requests, self.group = self.group, None
-        for request, _ in requests:  # all were started before the first wait
-            request.Wait()
-        for _, then in requests:
-            if then is not None:
-                then()
+        calls, self.group = self.group, None
+        if not calls:
+            return
+        streams = {stream for stream, _, _ in calls}
+        assert len(streams) == 1, "the fake runs a group's calls on one stream"
+
+        def run():
+            started = [(start(), then) for _, start, then in calls]
+            return _AllOf([request for request, _ in started]), \
+                lambda: [then() for _, then in started if then is not None]
+        streams.pop().submit(run)
 
     def NcclCommunicator(self, size, uid, rank):
         """Over every rank, or over a group whose members share `uid` (only
@@ -501,14 +604,23 @@ class FakeNccl:
                     raise RuntimeError(f"fake NCCL: members of communicator {key} never met")
                 time.sleep(0.005)
 
-    def run(self, request, then=None):
-        """Waits for `request` (inside a group: at groupEnd), then calls `then`."""
+    def run(self, stream, start, then=None):
+        """Queues `start` (which starts an MPI request and returns it) on the
+        stream whose pointer is `stream`; the stream's later work waits for
+        the request, then `then` runs. Inside a group: at groupEnd."""
+        queue = _Stream.of(stream)
         if self.group is None:
-            request.Wait()
-            if then is not None:
-                then()
+            queue.submit(lambda: (start(), then))
         else:
-            self.group.append((request, then))
+            self.group.append((queue, start, then))
+
+
+class _AllOf:
+    def __init__(self, requests):
+        self.requests = requests
+
+    def Test(self):
+        return all(request.Test() for request in self.requests)
 
 
 class _FakeNcclComm:
@@ -526,41 +638,56 @@ class _FakeNcclComm:
 
         self.nccl.called("allReduce", count, dtype, stream)
         if dtype == FakeNccl.NCCL_BFLOAT16:
-            self._bfloat16_allreduce(send, recv, count, op)
+            self._bfloat16_allreduce(send, recv, count, op, stream)
             return
         out = _host(recv, count, _NCCL_DTYPES[dtype])
         src = MPI.IN_PLACE if send == recv else _host(send, count, _NCCL_DTYPES[dtype])
-        self.nccl.run(self.comm.Iallreduce(src, out, self._op(op)))
+        self.nccl.run(stream, lambda: self.comm.Iallreduce(src, out, self._op(op)))
 
-    def _bfloat16_allreduce(self, send, recv, count, op):
+    def _bfloat16_allreduce(self, send, recv, count, op, stream):
         """NCCL reduces bfloat16 itself; MPI cannot: reduce the values in
         float32 and round once (what NCCL gives for two ranks)."""
         bits = _host(recv, count, np.uint16)
-        wide = (bits if send == recv else _host(send, count, np.uint16)).view(
-            dtypes.BFLOAT16).astype(np.float32)
-        total = np.empty_like(wide)
+        source = bits if send == recv else _host(send, count, np.uint16)
+        total = np.empty(count, np.float32)
+
+        held = []  # (mpi4py does not hold an Iallreduce's buffers)
+
+        def start():  # (reads the input when the stream reaches the call)
+            held.append(source.view(dtypes.BFLOAT16).astype(np.float32))
+            return self.comm.Iallreduce(held[0], total, self._op(op))
 
         def narrow():
             bits[:] = total.astype(dtypes.BFLOAT16).view(np.uint16)
-        self.nccl.run(self.comm.Iallreduce(wide, total, self._op(op)), narrow)
+            held.clear()
+        self.nccl.run(stream, start, narrow)
 
     def broadcast(self, send, recv, count, dtype, root, stream):
         self.nccl.called("broadcast", count, dtype, stream)
         out = _host(recv, count, _NCCL_DTYPES[dtype])
-        if self.comm.rank == root and send != recv:
-            out[:] = _host(send, count, _NCCL_DTYPES[dtype])
-        self.nccl.run(self.comm.Ibcast(out, root=root))
+
+        def start():
+            if self.comm.rank == root and send != recv:
+                out[:] = _host(send, count, _NCCL_DTYPES[dtype])
+            return self.comm.Ibcast(out, root=root)
+        self.nccl.run(stream, start)
 
     def reduceScatter(self, send, recv, count, dtype, op, stream):
         self.nccl.called("reduceScatter", count, dtype, stream)
         size = self.comm.size
         src = _host(send, count * size, _NCCL_DTYPES[dtype])
         out = _host(recv, count, _NCCL_DTYPES[dtype])
-        if recv != send + self.comm.rank * count * np.dtype(_NCCL_DTYPES[dtype]).itemsize:
+        in_place = recv == send + self.comm.rank * count * np.dtype(_NCCL_DTYPES[dtype]).itemsize
+        if not in_place:
             assert recv >= send + src.nbytes or recv + out.nbytes <= send, "overlap"
-        else:  # NCCL's in place; MPI's buffers must not alias
-            src = src.copy()
-        self.nccl.run(self.comm.Ireduce_scatter_block(src, out, self._op(op)))
+
+        held = []  # the in-place copy, until the request is done (mpi4py does not hold
+        # an Ireduce_scatter_block's buffers)
+
+        def start():  # NCCL's in place: MPI's buffers must not alias
+            held.append(src.copy() if in_place else src)
+            return self.comm.Ireduce_scatter_block(held[0], out, self._op(op))
+        self.nccl.run(stream, start, held.clear)
 
     def allGather(self, send, recv, count, dtype, stream):
         from mpi4py import MPI
@@ -569,15 +696,17 @@ class _FakeNcclComm:
         out = _host(recv, count * self.comm.size, _NCCL_DTYPES[dtype])
         in_place = send == recv + self.comm.rank * count * np.dtype(_NCCL_DTYPES[dtype]).itemsize
         src = MPI.IN_PLACE if in_place else _host(send, count, _NCCL_DTYPES[dtype])
-        self.nccl.run(self.comm.Iallgather(src, out))
+        self.nccl.run(stream, lambda: self.comm.Iallgather(src, out))
 
     def send(self, ptr, count, dtype, peer, stream):
         self.nccl.called("send", count, dtype, stream)
-        self.nccl.run(self.comm.Isend(_host(ptr, count, _NCCL_DTYPES[dtype]), peer, 5))
+        data = _host(ptr, count, _NCCL_DTYPES[dtype])
+        self.nccl.run(stream, lambda: self.comm.Isend(data, peer, 5))
 
     def recv(self, ptr, count, dtype, peer, stream):
         self.nccl.called("recv", count, dtype, stream)
-        self.nccl.run(self.comm.Irecv(_host(ptr, count, _NCCL_DTYPES[dtype]), peer, 5))
+        data = _host(ptr, count, _NCCL_DTYPES[dtype])
+        self.nccl.run(stream, lambda: self.comm.Irecv(data, peer, 5))
 
     def check_async_error(self):
         pass

@@ -79,15 +79,23 @@ def _lines(out, prefix):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np_,victim", [(2, 1), (3, 0), (3, 2)])
+@pytest.mark.parametrize("np_,victim,device", [(2, 1, "host"), (3, 0, "host"), (3, 2, "host"),
+                                               (3, 1, "fake_gpu"), (3, 0, "fake_gpu")])
 def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(np_, victim,
-                                                                              tmp_path):
+                                                                              device, tmp_path):
     """SIGSTOP while the others run a collective with it: a warning naming
     it after the check time, StallError on every rank after the shutdown
-    time (the stopped one too, once continued), and the job ends."""
+    time (the stopped one too, once continued), and the job ends. On the
+    fake GPU the others' NCCL calls are queued on their streams and waited
+    for by event, as NCCL's are: the fake used to run them as blocking MPI
+    calls on the background thread, which then could not answer, and the
+    survivors waited until the stopped rank came back (30-60 s)."""
     start = time.monotonic()
+    env = dict(STOP_ENV, REPORTS_DIR=str(tmp_path))
+    if device == "fake_gpu":
+        env["FAKE_GPU"] = "1"
     proc = mpirun(["tests/scripts/stopped_rank.py", "collective", str(victim)],
-                  np_=np_, env=dict(STOP_ENV, REPORTS_DIR=str(tmp_path)), timeout=120)
+                  np_=np_, env=env, timeout=120)
     out = proc.stdout + proc.stderr
     assert time.monotonic() - start < 60, out
     assert f"rank {victim} has not answered" in out or "rank 0 (the coordinator) has not" \

@@ -19,6 +19,9 @@ Modes:
               whether its background thread has ended), and the victim,
               once continued, what its next allreduce saw. The shutdown
               deadline is cut to SHUTDOWN_DEADLINE seconds here.
+
+With FAKE_GPU=1 the allreduce takes a "CUDA" array of tests/gpu_fakes.py, so
+in `collective` mode the others sit in an NCCL call (the fake's) with it.
 """
 
 import os
@@ -95,6 +98,13 @@ def shut_down_beside_a_stopped_rank(pids):
     sys.exit(0)
 
 
+FAKE_GPU = os.environ.get("FAKE_GPU") == "1"
+if FAKE_GPU:
+    from mpi4py import MPI
+
+    import gpu_fakes
+
+    gpu_fakes.install_for_a_job(MPI.COMM_WORLD)
 hvd.init()
 me = hvd.rank()
 # (The tests give a directory they remove; by hand, one in /tmp.)
@@ -114,7 +124,10 @@ for step in range(200):
         shut_down_beside_a_stopped_rank(pids)
     start = time.monotonic()
     try:
-        out = hvd.allreduce(np.full(1000, step, np.float64), op=hvd.Sum, name="grad")
+        grad = np.full(1000, step, np.float64)
+        out = hvd.allreduce(gpu_fakes.FakeDeviceArray(grad) if FAKE_GPU else grad, op=hvd.Sum,
+                            name="grad")
+        out = out.get() if FAKE_GPU else out
         assert out[0] == step * hvd.size(), (step, out[0])
     except Exception as exc:  # what the training loop sees
         waited = time.monotonic() - start
