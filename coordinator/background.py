@@ -1285,8 +1285,10 @@ class Background:
         blocked = {0: self._blocked(now)}
         for rank in range(1, self.size):
             blocked[rank] = self.watchdog.blocked_for(rank, now)
-        for text in ctl.inspect_stalls(now, lambda rank: self.watchdog.inside(rank, own, now),
-                                       {rank: t for rank, t in blocked.items() if t > 0}):
+        dog, members = self.watchdog, ctl.members_of
+        for text in ctl.inspect_stalls(now, lambda rank: dog.inside(rank, own, now, members),
+                                       {rank: t for rank, t in blocked.items() if t > 0},
+                                       dog.silent_ranks(now)):
             log.warning(text)
 
     def _control_worker(self):

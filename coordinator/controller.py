@@ -544,11 +544,12 @@ class Controller:
                 self._ready_since = None
 
     # ------------------------------------------------------------ stalls
-    def inspect_stalls(self, now=None, inside=None, blocked=None):
+    def inspect_stalls(self, now=None, inside=None, blocked=None, silent=None):
         """Stall warnings (texts) to log now; fails the stalls that expired.
         `inside(rank)`: the long collective a rank is in (or None), which the
         texts name; `blocked`: {rank: how long it has been blocked waiting
-        with nothing in flight} (deadlocks, stall_inspector.py)."""
+        with nothing in flight} (deadlocks, stall_inspector.py); `silent`:
+        {rank: how long it has not answered rank 0}, which the texts name."""
         now = self.clock() if now is None else now
         inspector = self.stall_inspector
         if inspector.idle or not self._pending:
@@ -559,7 +560,7 @@ class Controller:
             missing = [m for m in neg.members if m not in neg.requests and m not in joined]
             rows.append((neg.key, neg.representative().op, neg.first, list(neg.requests),
                          missing))
-        warnings, expired = inspector.inspect(now, rows, inside, blocked)
+        warnings, expired = inspector.inspect(now, rows, inside, blocked, silent)
         for stall in expired:
             neg = self._pending.get(stall.key)
             if neg is None:  # failed with its group earlier in this loop

@@ -24,9 +24,10 @@ from coordinator.ops_names import describe, format_ranks
 
 
 class Stall:
-    __slots__ = ("key", "name", "op", "missing", "submitted", "waited", "inside", "deadlocked")
+    __slots__ = ("key", "name", "op", "missing", "submitted", "waited", "inside", "deadlocked",
+                 "silent")
 
-    def __init__(self, key, op, missing, submitted, waited, inside=None):
+    def __init__(self, key, op, missing, submitted, waited, inside=None, silent=None):
         self.key = key  # (process set id, tensor name)
         self.name = key[1]
         self.op = op
@@ -34,15 +35,22 @@ class Stall:
         self.submitted = submitted
         self.waited = waited
         self.inside = inside or {}  # missing rank -> the long collective it is in
+        self.silent = silent or {}  # rank -> seconds it has not answered rank 0
         self.deadlocked = False
 
     def describe(self):
         where = f" in process set {self.key[0]}" if self.key[0] else ""
         inside = "".join(f"; rank {rank} has been inside {what}"
                          for rank, what in sorted(self.inside.items()))
+        # Ranks that stopped answering explain the wait, wherever they are:
+        # a missing rank may be held up in another set's collective by one.
+        told = " ".join(self.inside.values())
+        silent = "".join(f"; rank {rank} has not answered for {quiet:.1f} s"
+                         for rank, quiet in sorted(self.silent.items())
+                         if f"rank {rank}," not in told)
         return (f"{describe(self.op, self.name)}{where}: "
                 f"{format_ranks(self.missing)} "
-                f"did not submit it{inside}; {format_ranks(self.submitted)} "
+                f"did not submit it{inside}{silent}; {format_ranks(self.submitted)} "
                 f"{'has' if len(self.submitted) == 1 else 'have'} waited {self.waited:.1f} s")
 
 
@@ -76,14 +84,16 @@ class StallInspector:
             times.append(self.deadlock_time)
         return min(times) / 4 if times else None
 
-    def inspect(self, now, negotiations, inside=None, blocked=None):
+    def inspect(self, now, negotiations, inside=None, blocked=None, silent=None):
         """Look at the open negotiations.
 
         `negotiations` yields ((process set, name), op, first_submit_time,
         submitted ranks, missing ranks); `inside(rank)` says which long
         collective a rank is in, or None; `blocked` maps ranks to how long
         each has been blocked waiting, with nothing in flight (absent: not
-        blocked). Returns (warnings, expired): stalls to warn about now, and
+        blocked); `silent` maps ranks to how long each has not answered
+        rank 0's pings (the watchdog's). Returns (warnings, expired): stalls
+        to warn about now, and
         stalls past the shutdown time or deadlocked for the deadlock time
         (`Stall.deadlocked`).
         """
@@ -104,7 +114,7 @@ class StallInspector:
             waited = now - first
             live.add(key)
             stall = Stall(key, op, sorted(missing), sorted(submitted), waited,
-                          self._inside(missing, inside))
+                          self._inside(missing, inside), silent)
             if stuck.intersection(submitted):
                 stall.deadlocked = True
                 expired.append(stall)

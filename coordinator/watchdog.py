@@ -242,28 +242,59 @@ class Watchdog:
             return 0.0
         return seconds + (now - when)
 
-    def inside(self, rank, own, now=None):
+    def inside(self, rank, own, now=None, members_of=None):
         """The collective `rank` has been in the longest, for more than a
         period (rank 0's from `own`, the others' from their last reports), as
-        "allreduce of tensor 'x' for 3.0 s"; None if none (negotiation cycles
+        "allreduce of tensor 'x' for 3.0 s", and, given `members_of(pset)`,
+        the members holding it up that have not answered for a period (",
+        waiting for rank 2, which has not answered for 5.0 s"): the stall
+        inspector's error about a tensor `rank` never submitted then names
+        the stopped rank behind it too; None if none (negotiation cycles
         are not collectives here: waiting in one is what a stall looks like)."""
         now = self.clock() if now is None else now
         if not self.enabled:
             return None
         if rank == self.rank:
-            items = [(pset, name, op, now - started) for pset, name, op, started, *_ in own]
+            items = [(pset, name, op, now - started, *where)
+                     for pset, name, op, started, *where in own]
         else:
             when, reported = self._reports.get(rank, (None, ()))
             if when is None or now - when > 3 * self.period:
                 return None
-            items = [(pset, name, op, seconds + now - when)
-                     for pset, name, op, seconds, *_ in reported]
+            items = [(pset, name, op, seconds + now - when, *where)
+                     for pset, name, op, seconds, *where in reported]
         items = [item for item in items if not item[1].startswith("(") and
                  item[3] >= self.period]
         if not items:
             return None
-        pset, name, op, seconds = max(items, key=lambda item: item[3])
-        return f"{_what(pset, name, op)} for {seconds:.1f} s"
+        pset, name, op, seconds, *where = max(items, key=lambda item: item[3])
+        held_up = self._held_up_by(where, pset, members_of, now)
+        return f"{_what(pset, name, op)} for {seconds:.1f} s{held_up}"
+
+    def silent_ranks(self, now=None):
+        """{rank: seconds} of the ranks that have left rank 0's pings
+        unanswered for a period or more (pings still being sent: a
+        collective in flight still waits for them)."""
+        now = self.clock() if now is None else now
+        if not self.enabled:
+            return {}
+        return {rank: now - since for rank, since in self._silent_since.items()
+                if now - since >= self.period
+                and now - self._pinged.get(rank, -1e18) <= 3 * self.period}
+
+    def _held_up_by(self, where, pset, members_of, now):
+        """", waiting for rank 2, which has not answered for 5.0 s": the
+        members of a collective (a send/recv's pair, or its set's ranks)
+        that have not answered rank 0's pings for a period."""
+        pair = tuple(where[2]) if len(where) > 2 else ()
+        members = pair or (members_of(pset) if members_of is not None else None) or ()
+        silent = sorted((rank, quiet) for rank, quiet in self.silent_ranks(now).items()
+                        if rank in members)
+        if not silent:
+            return ""
+        said = ", ".join(f"rank {rank}, which has not answered for {quiet:.1f} s"
+                         for rank, quiet in silent)
+        return f", waiting for {said}"
 
     def _ping(self, member, now, pings):
         if now - self._pinged.get(member, -1e18) >= self.period:

@@ -412,6 +412,29 @@ def test_a_stall_says_which_long_collective_a_missing_rank_is_inside():
     assert "rank 1 has been inside allreduce of tensor 'a'" in plan.response.error
 
 
+def test_a_stall_names_the_ranks_that_stopped_answering_wherever_they_are():
+    """Rank 1 never submits 'next' because it waits in another set's
+    collective on rank 2, which stopped: the error about 'next' named only
+    rank 1 (its report may not have told yet what it is inside); it names
+    rank 2 too, once, where the inside text has not."""
+    clock = FakeClock()
+    ctl = Controller(3, stall_inspector=StallInspector(check_time=5, shutdown_time=10),
+                     clock=clock)
+    submit(ctl, 0, req("next"))
+    clock.now += 6
+    (warning,) = ctl.inspect_stalls(silent={2: 4.5})
+    assert ("ranks 1, 2 did not submit it; rank 2 has not answered for 4.5 s; rank 0 has "
+            "waited 6.0 s") in warning, warning
+    inside = {1: "broadcast of tensor 'b' in process set 2 for 7.0 s, waiting for rank 2, "
+                 "which has not answered for 5.5 s"}.get
+    clock.now += 5
+    ctl.inspect_stalls(inside=inside, silent={2: 5.5})
+    (plan,) = ctl.take_plans()
+    assert plan.response.error.count("rank 2, which has not answered for 5.5 s") == 1, \
+        plan.response.error
+    assert "rank 2 has not answered" not in plan.response.error
+
+
 def test_a_deadlock_is_said_in_the_warning_and_fails_every_wait_after_the_deadlock_time():
     """Rank 0 waits on 'a' (rank 1 never submits it), rank 1 on 'b' (rank 0
     never does), every rank blocked: the warning says it is a deadlock,

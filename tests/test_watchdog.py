@@ -189,6 +189,28 @@ def test_inside_says_which_long_collective_a_rank_is_in():
     assert dog.inside(0, [(0, "c", pb.ALLREDUCE, clock.now, -1, 5)]) is None  # just started
 
 
+def test_inside_names_the_silent_member_that_holds_that_collective_up():
+    """Rank 1 never submits rank 0's tensor because it sits in a broadcast of
+    set 2 ({1, 2}) that stopped rank 2 never joins: the stall inspector's
+    error about rank 0's tensor named rank 1 and its broadcast, not rank 2,
+    where the watchdog's own error (a moment later) named rank 2."""
+    dog, clock = _dog()
+    members = {0: (0, 1, 2), 1: (0, 1), 2: (1, 2)}.get
+    start = clock.now
+    while clock.now < start + 3.0:
+        dog.report(1, [(2, "b", pb.BROADCAST, clock.now - start, -1, 4)])
+        dog.inspect([], members, clock.now)  # rank 2 never answers its pings
+        clock.now += 0.25
+    said = dog.inside(1, [], clock.now, members)
+    assert said.startswith("broadcast of tensor 'b' in process set 2 for 3."), said
+    assert ", waiting for rank 2, which has not answered for 2." in said, said
+    assert dog.inside(1, [], clock.now) == said.split(",")[0]  # (without members_of)
+    assert list(dog.silent_ranks(clock.now)) == [2]  # (the stall texts say it)
+    dog.heard(2, clock.now)  # it answers again: nothing to add
+    assert dog.inside(1, [], clock.now, members) == said.split(",")[0]
+    assert dog.silent_ranks(clock.now) == {}
+
+
 PAIR_LANE = (0, -1, 0, 1)  # the send/recvs between ranks 0 and 1 of the global set
 
 
