@@ -47,7 +47,7 @@ class Stall:
         told = " ".join(self.inside.values())
         silent = "".join(f"; rank {rank} has not answered for {quiet:.1f} s"
                          for rank, quiet in sorted(self.silent.items())
-                         if f"rank {rank}," not in told)
+                         if f"rank {rank}, which" not in told)
         return (f"{describe(self.op, self.name)}{where}: "
                 f"{format_ranks(self.missing)} "
                 f"did not submit it{inside}{silent}; {format_ranks(self.submitted)} "
