@@ -81,6 +81,12 @@ def _fatal(text, silent, shutdown_time, silence):
     return None
 
 
+def _members(pset, pair, members_of):
+    """The ranks that take part in a collective: a send/recv's `pair`, or
+    its set's ranks (`members_of(pset)`, None when unknown)."""
+    return tuple(pair) or (members_of(pset) if members_of is not None else None) or ()
+
+
 def _what(pset, name, op):
     where = f" in process set {pset}" if pset else ""
     return f"{describe(op, name)}{where}"
@@ -111,7 +117,7 @@ class InFlightOp:
 
     def members(self, members_of):
         """The ranks that take part in it."""
-        return self.pair or members_of(self.process_set_id) or ()
+        return _members(self.process_set_id, self.pair, members_of)
 
     def describe(self):
         if self.name.startswith("("):  # not a tensor: the negotiation itself
@@ -286,8 +292,7 @@ class Watchdog:
         """", waiting for rank 2, which has not answered for 5.0 s": the
         members of a collective (a send/recv's pair, or its set's ranks)
         that have not answered rank 0's pings for a period."""
-        pair = tuple(where[2]) if len(where) > 2 else ()
-        members = pair or (members_of(pset) if members_of is not None else None) or ()
+        members = _members(pset, where[2] if len(where) > 2 else (), members_of)
         silent = sorted((rank, quiet) for rank, quiet in self.silent_ranks(now).items()
                         if rank in members)
         if not silent:

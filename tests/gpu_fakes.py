@@ -136,6 +136,7 @@ class _Event:
         self.stream = None
         self.time = None
         self.done_at = 0.0
+        self._queue, self._position = None, 0  # its stream, and its place in the queue
 
     def record(self, stream=None):
         self.stream = stream
@@ -151,8 +152,7 @@ class _Event:
     def moved(self):
         """Whether the work queued on its stream before it has run (its data
         has moved), whatever time a timed stream still has to spend."""
-        queue = getattr(self, "_queue", None)
-        return queue is None or queue.reached(self._position)
+        return self._queue is None or self._queue.reached(self._position)
 
     @property
     def done(self):
