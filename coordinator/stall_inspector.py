@@ -44,10 +44,9 @@ class Stall:
                          for rank, what in sorted(self.inside.items()))
         # Ranks that stopped answering explain the wait, wherever they are:
         # a missing rank may be held up in another set's collective by one.
-        told = " ".join(self.inside.values())
+        told = set().union(*(getattr(what, "waiting_for", ()) for what in self.inside.values()))
         silent = "".join(f"; rank {rank} has not answered for {quiet:.1f} s"
-                         for rank, quiet in sorted(self.silent.items())
-                         if f"rank {rank}, which" not in told)
+                         for rank, quiet in sorted(self.silent.items()) if rank not in told)
         return (f"{describe(self.op, self.name)}{where}: "
                 f"{format_ranks(self.missing)} "
                 f"did not submit it{inside}{silent}; {format_ranks(self.submitted)} "

@@ -87,6 +87,14 @@ def _members(pset, pair, members_of):
     return tuple(pair) or (members_of(pset) if members_of is not None else None) or ()
 
 
+class InsideText(str):
+    """What the watchdog says a rank is inside (`Watchdog.inside`), with
+    `waiting_for`: the silent ranks that text names, so a stall text does not
+    name them twice."""
+
+    waiting_for = frozenset()
+
+
 def _what(pset, name, op):
     where = f" in process set {pset}" if pset else ""
     return f"{describe(op, name)}{where}"
@@ -274,8 +282,13 @@ class Watchdog:
         if not items:
             return None
         pset, name, op, seconds, *where = max(items, key=lambda item: item[3])
-        held_up = self._held_up_by(where, pset, members_of, now)
-        return f"{_what(pset, name, op)} for {seconds:.1f} s{held_up}"
+        silent = self._held_up_by(where, pset, members_of, now)
+        said = ", ".join(f"rank {rank}, which has not answered for {quiet:.1f} s"
+                         for rank, quiet in silent)
+        text = InsideText(f"{_what(pset, name, op)} for {seconds:.1f} s"
+                          + (f", waiting for {said}" if said else ""))
+        text.waiting_for = frozenset(rank for rank, _ in silent)
+        return text
 
     def silent_ranks(self, now=None):
         """{rank: seconds} of the ranks that have left rank 0's pings
@@ -289,17 +302,12 @@ class Watchdog:
                 and now - self._pinged.get(rank, -1e18) <= 3 * self.period}
 
     def _held_up_by(self, where, pset, members_of, now):
-        """", waiting for rank 2, which has not answered for 5.0 s": the
-        members of a collective (a send/recv's pair, or its set's ranks)
-        that have not answered rank 0's pings for a period."""
+        """[(rank, seconds)] of the members of a collective (a send/recv's
+        pair, or its set's ranks) that have not answered rank 0's pings for
+        a period."""
         members = _members(pset, where[2] if len(where) > 2 else (), members_of)
-        silent = sorted((rank, quiet) for rank, quiet in self.silent_ranks(now).items()
-                        if rank in members)
-        if not silent:
-            return ""
-        said = ", ".join(f"rank {rank}, which has not answered for {quiet:.1f} s"
-                         for rank, quiet in silent)
-        return f", waiting for {said}"
+        return sorted((rank, quiet) for rank, quiet in self.silent_ranks(now).items()
+                      if rank in members)
 
     def _ping(self, member, now, pings):
         if now - self._pinged.get(member, -1e18) >= self.period:

@@ -6,6 +6,7 @@ from coordinator import dtypes
 from coordinator.controller import Controller
 from coordinator.stall_inspector import StallInspector
 from coordinator.tensor_queue import Entry
+from coordinator.watchdog import InsideText
 from coordinator.wire import pb
 
 F32 = pb.FLOAT32
@@ -425,8 +426,10 @@ def test_a_stall_names_the_ranks_that_stopped_answering_wherever_they_are():
     (warning,) = ctl.inspect_stalls(silent={2: 4.5})
     assert ("ranks 1, 2 did not submit it; rank 2 has not answered for 4.5 s; rank 0 has "
             "waited 6.0 s") in warning, warning
-    inside = {1: "broadcast of tensor 'b' in process set 2 for 7.0 s, waiting for rank 2, "
-                 "which has not answered for 5.5 s"}.get
+    said = InsideText("broadcast of tensor 'b' in process set 2 for 7.0 s, waiting for "
+                      "rank 2, which has not answered for 5.5 s")
+    said.waiting_for = frozenset({2})
+    inside = {1: said}.get
     clock.now += 5
     ctl.inspect_stalls(inside=inside, silent={2: 5.5})
     (plan,) = ctl.take_plans()

@@ -204,6 +204,7 @@ def test_inside_names_the_silent_member_that_holds_that_collective_up():
     said = dog.inside(1, [], clock.now, members)
     assert said.startswith("broadcast of tensor 'b' in process set 2 for 3."), said
     assert ", waiting for rank 2, which has not answered for 2." in said, said
+    assert said.waiting_for == {2}  # (so the stall text names rank 2 once)
     assert dog.inside(1, [], clock.now) == said.split(",")[0]  # (without members_of)
     assert list(dog.silent_ranks(clock.now)) == [2]  # (the stall texts say it)
     dog.heard(2, clock.now)  # it answers again: nothing to add
