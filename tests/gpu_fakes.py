@@ -555,9 +555,9 @@ class FakeNccl:
         assert len(streams) == 1, "the fake runs a group's calls on one stream"
 
         def run():
-            started = [(start(), then) for _, start, then in calls]
+            started = [_begin(start, then) for _, start, then in calls]
             return _AllOf([request for request, _ in started]), \
-                lambda: [then() for _, then in started if then is not None]
+                lambda: [finish() for _, finish in started]
         streams.pop().submit(run)
 
     def NcclCommunicator(self, size, uid, rank):
@@ -605,14 +605,61 @@ class FakeNccl:
                 time.sleep(0.005)
 
     def run(self, stream, start, then=None):
-        """Queues `start` (which starts an MPI request and returns it) on the
-        stream whose pointer is `stream`; the stream's later work waits for
-        the request, then `then` runs. Inside a group: at groupEnd."""
+        """Queues `start` (which starts an MPI request and returns it, or
+        returns (request, what the request reads or writes)) on the stream
+        whose pointer is `stream`; the stream's later work waits for the
+        request, then `then` runs. What `start` returned is held until then:
+        mpi4py 4.1.2 holds no reference to the buffers of Iallreduce,
+        Ireduce_scatter(_block) or Iallgatherv. Inside a group: at groupEnd."""
         queue = _Stream.of(stream)
         if self.group is None:
-            queue.submit(lambda: (start(), then))
+            queue.submit(lambda: _begin(start, then))
         else:
             self.group.append((queue, start, then))
+
+
+def _begin(start, then):
+    """Starts an MPI request with `start`; returns (the request, what runs
+    once it is done), which holds what `start` gave with the request."""
+    started = start()
+    request = _NcclCall(started[0] if isinstance(started, tuple) else started)
+
+    def finish():
+        nonlocal started
+        started = None  # (held by this closure until the request is done)
+        if then is not None:
+            then()
+    return request, finish
+
+
+class _NcclCall:
+    """A fake NCCL call's MPI request, tested as NCCL's call would be. A
+    survivor that gives up on a stopped rank revokes the program's
+    communicators (control_channel.Transport.release), the fake's among
+    them; a real NCCL communicator is not MPI's, and stays as it was. So a
+    call revoked under it waits on, as NCCL's would for the stopped peer:
+    it failed at once with MPI_ERR_REVOKED, and a survivor whose own stall
+    check had not fired yet raised that instead of the StallError (1 job in
+    about 5 of test_faults' stopped-rank test at np=3 on the fake GPU)."""
+
+    __slots__ = ("request", "revoked")
+
+    def __init__(self, request):
+        self.request = request
+        self.revoked = False
+
+    def Test(self):
+        from mpi4py import MPI
+
+        if self.revoked:
+            return False
+        try:
+            return self.request.Test()
+        except MPI.Exception as exc:
+            if exc.Get_error_class() != MPI.ERR_REVOKED:
+                raise
+            self.revoked = True
+            return False
 
 
 class _AllOf:
@@ -651,15 +698,12 @@ class _FakeNcclComm:
         source = bits if send == recv else _host(send, count, np.uint16)
         total = np.empty(count, np.float32)
 
-        held = []  # (mpi4py does not hold an Iallreduce's buffers)
-
         def start():  # (reads the input when the stream reaches the call)
-            held.append(source.view(dtypes.BFLOAT16).astype(np.float32))
-            return self.comm.Iallreduce(held[0], total, self._op(op))
+            wide = source.view(dtypes.BFLOAT16).astype(np.float32)
+            return self.comm.Iallreduce(wide, total, self._op(op)), wide
 
         def narrow():
             bits[:] = total.astype(dtypes.BFLOAT16).view(np.uint16)
-            held.clear()
         self.nccl.run(stream, start, narrow)
 
     def broadcast(self, send, recv, count, dtype, root, stream):
@@ -681,13 +725,10 @@ class _FakeNcclComm:
         if not in_place:
             assert recv >= send + src.nbytes or recv + out.nbytes <= send, "overlap"
 
-        held = []  # the in-place copy, until the request is done (mpi4py does not hold
-        # an Ireduce_scatter_block's buffers)
-
         def start():  # NCCL's in place: MPI's buffers must not alias
-            held.append(src.copy() if in_place else src)
-            return self.comm.Ireduce_scatter_block(held[0], out, self._op(op))
-        self.nccl.run(stream, start, held.clear)
+            source = src.copy() if in_place else src
+            return self.comm.Ireduce_scatter_block(source, out, self._op(op)), source
+        self.nccl.run(stream, start)
 
     def allGather(self, send, recv, count, dtype, stream):
         from mpi4py import MPI
