@@ -274,6 +274,9 @@ class Background:
         self._fresh = False  # submitted since the last cycle was posted
         self._woken = False  # asked to post a cycle (a ping, a report)
         self._join_to_post = False  # a join waits for its first cycle
+        # So does an add_process_set by the new set's own ranks (the others
+        # take no part in it, and may not post: _wake_everyone).
+        self._add_to_post = False
         self._next_post = 0.0
         # HOROVOD_CYCLE_TIME: cycles start at least this far apart, so more
         # tensors gather for each (0: as soon as there is work).
@@ -592,6 +595,8 @@ class Background:
                 self._refusing[e.key] = self.rounds
             elif e.op == pb.JOIN:
                 self._join_to_post = True
+            elif e.op == pb.ADD_PROCESS_SET and e.among_members:
+                self._add_to_post = True
             taken.append((e, self._slot_for(e)))
         if self._join_to_post:  # (what comes with a join goes to its round: _before_join)
             taken = [(e, None) for e, _ in taken]
@@ -727,20 +732,21 @@ class Background:
         self._load_riders()
         self.cycle.post(flags, now, self.slots.digest)
         self.cycles += 1
-        if self._join_to_post and flags & FLAG_CLASSIC:
-            self._join_to_post = False
-            self._wake_for_join()
+        if (self._join_to_post or self._add_to_post) and flags & FLAG_CLASSIC:
+            self._join_to_post = self._add_to_post = False
+            self._wake_everyone()
         if self.is_coordinator:
             self._wake_for_device_plans()
 
-    def _wake_for_join(self):
+    def _wake_everyone(self):
         """Every rank into the cycle just posted, which carries this rank's
-        join to its round. The others post only for global-set work, and
-        they may be waiting on other sets' operations alone, which need no
-        cycle, while one of those needs this join (a joined member takes
-        part with zeros): without it they would wait until a watchdog ping
-        (never, with stall checks off). Rank 0 asks them itself; a worker
-        asks rank 0."""
+        join, or its add of a set of its own ranks, to its round. The others
+        post only for global-set work of their own, and they may be waiting
+        on other sets' operations alone, which need no cycle, while one of
+        those needs this join (a joined member takes part with zeros), or
+        wait for nothing: without it they would post only at a watchdog
+        ping (never, with stall checks off). Rank 0 asks them itself; a
+        worker asks rank 0."""
         if self.is_coordinator:
             self._ask_everyone_into(self.cycles)
         else:
@@ -1204,7 +1210,7 @@ class Background:
                 self.channel.send(source, TAG_RESPONSE, b"")  # an empty answer: alive
                 self._woken = True  # a worker waits: take part in a cycle
             if msg.cycle:
-                self._ask_everyone_into(msg.cycle)  # a worker's join (_wake_for_join)
+                self._ask_everyone_into(msg.cycle)  # a worker's join or add (_wake_everyone)
             if msg.streamed:
                 self._streams_heard[source] = max(self._streams_heard[source], msg.streamed)
             if msg.requests or msg.cached:

@@ -179,6 +179,33 @@ def _add_process_set(rt, process_set):
     return collectives.synchronize(collectives._submit(rt, [entry]))
 
 
+def add_process_set_of_members(process_set):
+    """Registers a process set that only its own ranks call this for (a
+    ChainerMN communicator over part of the job, made by its members alone,
+    or a split of one); the other ranks learn of it from rank 0. A set whose
+    ranks are registered already is that set: `process_set` is bound to its
+    id. Returns `process_set`. Not Horovod's: its add_process_set needs
+    every rank."""
+    rt = _rt("add_process_set")
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    ranks = sorted(rt.ranks_of(ps) or ())
+    name = f"{ADD_PROCESS_SET_NAME}.{','.join(map(str, ranks))}"
+    entry = Entry(name, pb.ADD_PROCESS_SET, ranks=tuple(ranks), among_members=True)
+    try:
+        if ps.process_set_id is not None:
+            raise ValueError(f"add_process_set: {ps!r} is already registered")
+        if rt.rank not in ranks or any(not 0 <= r < rt.size for r in ranks):
+            raise ValueError(f"add_process_set: ranks {ranks} are not valid for {rt.size} "
+                             f"ranks with this one (rank {rt.rank}) among them")
+    except ValueError as exc:
+        entry.rejected = f"{type(exc).__name__}: {exc}"
+        rt.queue.tell(entry)  # (its valid ranks fail too, naming this one)
+        raise
+    rt.expect_process_set(name, ps)
+    collectives.synchronize(collectives._submit(rt, [entry]))
+    return ps
+
+
 def remove_process_set(process_set):
     """Unregisters a process set on every rank (all ranks call this). Returns
     False for an unregistered set or the global set."""

@@ -324,6 +324,10 @@ class Controller:
             members = self._pair(rank, pset, req, members)
             if members is None:
                 return
+        elif req.op == pb.ADD_PROCESS_SET and req.among_members:
+            members = self._among(rank, req)
+            if members is None:
+                return
         if req.rejected:
             self._reject(rank, pset, req, members)
             return
@@ -360,6 +364,20 @@ class Controller:
                        f"send/recv of tensor '{req.name}': ranks {list(pair)} are not a sender "
                        f"and a receiver of process set {pset} ({list(members)}) that include "
                        f"rank {rank}")
+        return None
+
+    def _among(self, rank, req):
+        """The ranks that negotiate a set added by its own members (the
+        valid ranks it lists, with a refusing rank's own), or None (and an
+        error to `rank`)."""
+        ranks = tuple(sorted(set(req.ranks)))
+        valid = tuple(r for r in ranks if 0 <= r < self.size)
+        if req.rejected:
+            return tuple(sorted(set(valid) | {rank}))
+        if valid == ranks and rank in ranks and len(ranks) == len(req.ranks):
+            return ranks
+        self._fail((rank,), 0, req, f"add_process_set: ranks {list(req.ranks)} are not valid "
+                                    f"for {self.size} ranks with rank {rank} among them")
         return None
 
     def _since(self, submit_time):
@@ -825,7 +843,7 @@ class Controller:
                     0 <= r < self.size for r in ranks):
                 return f"add_process_set: invalid ranks {list(req.ranks)} for {self.size} ranks"
             for pid, existing in self.process_sets.items():
-                if existing == ranks:
+                if existing == ranks and not req.among_members:  # (theirs: its id)
                     return (f"add_process_set: a process set with ranks {list(ranks)} "
                             f"already exists (id {pid})")
         elif req.op == pb.REMOVE_PROCESS_SET:
@@ -863,10 +881,18 @@ class Controller:
         req = neg.representative()
         members = tuple(range(self.size))
         if req.op == pb.ADD_PROCESS_SET:
+            ranks = tuple(sorted(req.ranks))
+            pid = next((pid for pid, existing in self.process_sets.items()
+                        if existing == ranks), None)
+            if pid is not None:  # added by its own members, and there already
+                resp = pb.Response(op=pb.ADD_PROCESS_SET, names=[neg.name], value=pid,
+                                   ranks=ranks)
+                return Plan(resp, neg.members)
             pid = self._next_process_set_id
             self._next_process_set_id += 1
-            ranks = tuple(sorted(req.ranks))
             self.process_sets[pid] = ranks
+            # Every rank registers it, its own ranks' add or not: every
+            # table holds the same sets.
             resp = pb.Response(op=pb.ADD_PROCESS_SET, names=[neg.name], value=pid, ranks=ranks)
         else:
             pid = req.process_set_id

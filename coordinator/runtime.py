@@ -201,7 +201,14 @@ class Runtime:
         name = resp.names[0]
         if resp.op == pb.ADD_PROCESS_SET:
             ranks = list(resp.ranks)
-            ps = self._pending_sets.pop(name, None) or ProcessSet(ranks)
+            ps = self._pending_sets.pop(name, None)
+            if self.process_sets.get(resp.value) is not None:
+                # A set its members added that was there already: theirs
+                # is bound to its id (only they are told).
+                if ps is not None:
+                    self.process_sets.bind(ps, resp.value)
+                return ps
+            ps = ps or ProcessSet(ranks)
             self.process_sets.register(ps, resp.value, ranks)
             self.ops.add_process_set(resp.value)
             return ps

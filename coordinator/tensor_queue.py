@@ -52,12 +52,13 @@ class Entry:
                  "root_rank", "prescale", "postscale", "process_set_id", "device", "splits",
                  "group", "group_size", "ranks", "submit_time", "cache_id", "_pending",
                  "result", "error", "callback", "done", "key", "rejected", "since",
-                 "reported", "ready_point", "done_event", "seq", "in_stream_order")
+                 "reported", "ready_point", "done_event", "seq", "in_stream_order",
+                 "among_members")
 
     def __init__(self, name, op, tensor=None, output=None, dtype_info=None, shape=(),
                  reduce_op=0, root_rank=0, prescale=1.0, postscale=1.0, process_set_id=0,
                  device=-1, splits=(), group="", group_size=0, ranks=(), callback=None,
-                 rejected=""):
+                 rejected="", among_members=False):
         # (collectives._allreduce_entry passes the first fifteen by position.)
         self.name = name
         self.op = op
@@ -75,6 +76,7 @@ class Entry:
         self.group = group
         self.group_size = group_size
         self.ranks = ranks
+        self.among_members = among_members  # add_process_set by its own ranks only
         # Where the name lives: (negotiating process set, name).
         self.key = (0 if op in _GLOBAL_OPS else process_set_id, name)
         # Non-empty: this rank refused the operation; the entry only tells the
@@ -137,6 +139,7 @@ class Entry:
             req.splits.extend(self.splits)
         elif self.op in (pb.ADD_PROCESS_SET, pb.P2P):
             req.ranks.extend(self.ranks)
+            req.among_members = self.among_members
         if self.group:
             req.group = self.group
             req.group_size = self.group_size

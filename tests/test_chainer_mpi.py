@@ -20,6 +20,23 @@ def test_chainer(case, np_):
     RESULTS.check(case, np_)
 
 
+# Stall checks and the deadlock and silence limits off: no watchdog ping asks
+# an idle rank into a negotiation cycle.
+UNWATCHED = CaseResults(MODULE, env={"HOROVOD_STALL_CHECK_DISABLE": "1",
+                                     "COORDINATOR_DEADLOCK_SECONDS": "0",
+                                     "COORDINATOR_SILENT_RANK_SECONDS": "0",
+                                     "CASES": "one_group_wraps_its_sub_communicator_while_the_"
+                                              "others_do_not"})
+
+
+@pytest.mark.mpi
+def test_a_group_registers_its_set_while_the_other_ranks_have_nothing_to_do():
+    """The ranks outside the group wait in mpi4py, their background threads
+    idle: the group's add asks rank 0 to bring them into its cycle (as a
+    join does), where it waited for a ping that never came."""
+    UNWATCHED.check("one_group_wraps_its_sub_communicator_while_the_others_do_not", 3)
+
+
 PEER_LEAVES = os.path.join(ROOT, "tests", "scripts", "chainer_peer_leaves.py")
 
 

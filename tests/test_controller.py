@@ -607,6 +607,59 @@ def test_add_process_set_is_planned_for_every_rank_with_a_new_id():
     assert ctl.process_sets[1] == (0, 2)
 
 
+def test_a_set_added_by_its_own_members_needs_only_them_and_every_rank_learns_of_it():
+    """ChainerMN's communicator over part of the job: ranks 0 and 2 add the
+    set; rank 1 never asks, and still registers it (every table holds the
+    same sets). Their next add of it gives them its id; a set added by
+    every rank is there for their add too; a whole-job add of it is still
+    refused as Horovod's is."""
+    ctl = Controller(3)
+
+    def among(rank, ranks, name="coordinator.add_process_set.0,2", **kw):
+        submit(ctl, rank, pb.Request(name=name, op=pb.ADD_PROCESS_SET, ranks=ranks,
+                                     among_members=True, **kw))
+
+    among(0, [0, 2])
+    assert ctl.take_plans() == []
+    among(2, [0, 2])
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (0, 1, 2) and plan.response.value == 1 and not plan.response.error
+    assert ctl.process_sets[1] == (0, 2)
+    for rank in (2, 0):
+        among(rank, [0, 2])
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (0, 2) and plan.response.value == 1 and not plan.response.error
+    for rank in range(3):
+        submit(ctl, rank, pb.Request(name="add", op=pb.ADD_PROCESS_SET, ranks=[1, 2]))
+    (plan,) = ctl.take_plans()
+    assert plan.response.value == 2
+    for rank in (1, 2):
+        among(rank, [1, 2], name="coordinator.add_process_set.1,2")
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (1, 2) and plan.response.value == 2
+    for rank in range(3):
+        submit(ctl, rank, pb.Request(name="add", op=pb.ADD_PROCESS_SET, ranks=[0, 2]))
+    (plan,) = ctl.take_plans()
+    assert "already exists (id 1)" in plan.response.error
+    assert ctl.process_sets == {0: (0, 1, 2), 1: (0, 2), 2: (1, 2)}
+
+
+def test_an_add_by_its_members_that_does_not_include_the_rank_fails_there_alone():
+    ctl = Controller(3)
+    submit(ctl, 1, pb.Request(name="s", op=pb.ADD_PROCESS_SET, ranks=[0, 2], among_members=True))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (1,)
+    assert "ranks [0, 2] are not valid for 3 ranks with rank 1 among them" in plan.response.error
+    # A member that refuses it fails the others of its set, not rank 1.
+    submit(ctl, 0, pb.Request(name="s", op=pb.ADD_PROCESS_SET, ranks=[0, 2], among_members=True,
+                              rejected="ValueError: no"))
+    assert ctl.take_plans() == []  # (it raised there already)
+    submit(ctl, 2, pb.Request(name="s", op=pb.ADD_PROCESS_SET, ranks=[0, 2], among_members=True))
+    (plan,) = ctl.take_plans()
+    assert plan.recipients == (2,) and "rank 0 rejected" in plan.response.error
+    assert 1 not in ctl.process_sets
+
+
 def test_allreduce_responses_carry_the_pack_limit():
     ctl = Controller(2, pack_limit=4096)
     for rank in (0, 1):
@@ -821,7 +874,11 @@ F32, I64, F16, F64 = (dtypes.BY_WIRE[w] for w in (pb.FLOAT32, pb.INT64, pb.FLOAT
                 reduce_op=pb.MAX, prescale=1.0, postscale=1.0, rejected="rank 1 refused it")),
     (Entry("set", pb.ADD_PROCESS_SET, ranks=(0, 2), splits=(1,)),
      pb.Request(name="set", op=pb.ADD_PROCESS_SET, device=-1, ranks=(0, 2))),
-], ids=["allreduce", "broadcast", "alltoall", "reducescatter", "add_process_set"])
+    (Entry("set.0,2", pb.ADD_PROCESS_SET, ranks=(0, 2), among_members=True),
+     pb.Request(name="set.0,2", op=pb.ADD_PROCESS_SET, device=-1, ranks=(0, 2),
+                among_members=True)),
+], ids=["allreduce", "broadcast", "alltoall", "reducescatter", "add_process_set",
+        "add_process_set_of_members"])
 def test_an_entry_is_described_to_rank_0_by_the_fields_its_op_uses(entry, wire):
     """Entry.request: what a worker sends rank 0 in full, every field its
     op uses, none it does not."""

@@ -8,6 +8,7 @@ result against NumPy, or against single-process Chainer on the full batch.
 import os
 import shutil
 import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -407,7 +408,7 @@ def case_split_orders_by_key_and_runs_collectives_per_group(hvd):
     assert sub.bcast_obj({"g": color} if sub.rank == 0 else None) == {"g": color}
     # Splitting the same way again reuses the registered process sets.
     again = COMM.split(color, me)
-    assert again.process_set is sub.process_set or sub.size == n
+    assert again.process_set.process_set_id == sub.process_set.process_set_id or sub.size == n
     assert_equal(again.allreduce(np.array([1])), np.array([len(members)]))
     sub.finalize()
     again.finalize()
@@ -422,6 +423,65 @@ def case_split_with_undefined_color_leaves_rank_out(hvd):
     assert sub.size == COMM.size - 1 and sub.rank == me - 1
     assert_equal(sub.allreduce(np.array([me])), np.array([sum(range(1, COMM.size))]))
     sub.finalize()
+
+
+def case_a_split_of_a_split_runs_on_its_own_groups(hvd):
+    # It raised NotImplementedError: a process set needed every rank to
+    # register it, and the ranks outside the first split take no part in the
+    # second. Each group's ranks now register its set themselves; the rank
+    # left out of the first split meanwhile works on, on the whole job.
+    n, me = COMM.size, COMM.rank
+    sub = COMM.split(0 if me < n - 1 else MPI.UNDEFINED, me)
+    if sub is None:
+        assert_equal(COMM.allreduce(np.array([me], np.int64)),
+                     np.array([sum(range(n))], np.int64))
+        return
+    inner = sub.split(sub.rank % 2, -sub.rank)  # reversed order inside each group
+    members = sorted((r for r in range(n - 1) if r % 2 == me % 2), reverse=True)
+    assert (inner.size, inner.rank) == (len(members), members.index(me))
+    assert_equal(inner.allreduce(np.array([me], np.int64)), np.array([sum(members)], np.int64))
+    assert [int(a[0]) for a in inner.allgather(np.array([me]))] == members
+    assert inner.bcast_obj(me) == members[0]
+    assert set(inner.process_set.ranks) == set(members)
+    deeper = inner.split(0, inner.rank)  # a third level, over the same ranks
+    assert deeper.process_set.process_set_id == inner.process_set.process_set_id or \
+        len(members) == n
+    assert_equal(deeper.allreduce(np.ones(1)), np.array([float(len(members))]))
+    assert_equal(COMM.allreduce(np.array([me], np.int64)), np.array([sum(range(n))], np.int64))
+    for comm in (deeper, inner, sub):
+        comm.finalize()
+
+
+def case_one_group_wraps_its_sub_communicator_while_the_others_do_not(hvd):
+    # ChainerMN wraps any mpi_comm, and only its ranks need to: a group that
+    # did so alone waited for the others to register their sets too, and
+    # failed with a deadlock error. Rank 0's group now registers its set by
+    # itself, while the others wait outside the coordinator (in an mpi4py
+    # barrier: their background threads have nothing to do, and post no
+    # cycle unless asked; test_chainer_mpi runs this with stall checks off
+    # too, where no watchdog ping asks them).
+    world = MPI.COMM_WORLD
+    sub = world.Split(int(world.rank % 2 == 0), world.rank)
+    try:
+        evens = [r for r in range(world.size) if r % 2 == 0]
+        if world.rank % 2 == 0:
+            comm = chainermn.create_communicator("naive", mpi_comm=sub)
+            assert_equal(comm.allreduce(np.array([world.rank], np.int64)),
+                         np.array([sum(evens)], np.int64))
+            assert comm.process_set.ranks == evens or len(evens) == world.size
+            comm.finalize()
+        _barrier_outside_the_coordinator(world)
+        assert_equal(COMM.allreduce(np.ones(1)), np.array([float(world.size)]))
+    finally:
+        sub.Free()
+
+
+def _barrier_outside_the_coordinator(comm):
+    """mpi4py's barrier, polled: a blocking MPI_Barrier here could hold the
+    MPI progress the coordinator's own thread needs on some MPIs."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.001)
 
 
 # ---------------------------------------------------- names, config, finalize

@@ -52,8 +52,6 @@ from frontends.chainer._checks import InvalidArgument
 # (One count for the whole job went out of step as soon as one group made a
 # communicator the others did not, and every later one's names differed.)
 _serials = collections.defaultdict(itertools.count)
-# Process sets this frontend registered, by their sorted global ranks.
-_process_sets = {}
 
 DEFAULT_MAX_BUF_LEN = 256 * 1024 * 1024
 
@@ -214,13 +212,10 @@ class CoordinatorCommunicator(CommunicatorBase):
     def _process_set_of_mpi_comm(self):
         """The coordinator process set over this communicator's ranks. One
         over part of the job (an mpi4py sub-communicator, as in a hybrid
-        model- and data-parallel program) is registered collectively: every
-        rank of the coordinator creates its own at the same time, as after
-        `MPI.COMM_WORLD.Split`; the groups are gathered and each is added.
-        Every rank takes part even where its group's set is registered
-        already: another group's may not be (ChainerMN wraps an mpi_comm
-        without the other groups; here a group that does so alone waits for
-        them, and the deadlock check fails it)."""
+        model- and data-parallel program) is registered by its own ranks
+        (they all create this communicator; the others need not): as
+        ChainerMN's, a group may wrap its communicator without the other
+        groups."""
         if len(set(self._global)) != len(self._global):
             raise ValueError(
                 f"create_communicator: mpi_comm holds processes of {self.mpi_comm.size} that "
@@ -228,11 +223,7 @@ class CoordinatorCommunicator(CommunicatorBase):
                 "processes of the first communicator created, or of init()); create the "
                 "communicator over the whole job first, then the others from it (comm.split()) "
                 "or from sub-communicators of it")
-        if sorted(self._global) == list(range(hvd.size())):
-            return hvd.global_process_set
-        process_set = hvd.ProcessSet(self.mpi_comm)  # (a list must agree on every rank)
-        basics.ensure_initialized(process_sets=[process_set])
-        return process_set
+        return _process_set_for(sorted(self._global))
 
     # ------------------------------------------------------------ topology
     def _init_topology(self):
@@ -723,14 +714,10 @@ class CoordinatorCommunicator(CommunicatorBase):
     # -------------------------------------------------------------- split
     def split(self, color, key):
         """MPI_Comm_split. Every rank of this communicator calls it; each new
-        group's tensors run on a coordinator process set, registered here on
-        every rank in the same order. Ranks with color MPI.UNDEFINED get None."""
+        group's tensors run on a coordinator process set, which its own
+        ranks register (so a split of a split works as the first). Ranks
+        with color MPI.UNDEFINED get None."""
         self._check_open("split")
-        if self._ps is not hvd.global_process_set:
-            raise NotImplementedError(
-                "split of a communicator that was itself split: registering a process set "
-                "needs every coordinator rank, and ranks outside this communicator are not "
-                "taking part; split the whole-job communicator instead")
         info = self.mpi_comm.allgather((color, key))
         bad = [(r, c) for r, (c, _) in enumerate(info)
                if c != MPI.UNDEFINED and (not isinstance(c, (int, np.integer)) or c < 0)]
@@ -739,16 +726,11 @@ class CoordinatorCommunicator(CommunicatorBase):
                              + ", ".join(f"rank {r} gave {c!r}" for r, c in bad))
         sub = self.mpi_comm.Split(color, key)
         serial = next(_serials[tuple(self._set_ranks)])
-        groups = {}
-        for r, (c, k) in enumerate(info):
-            if c != MPI.UNDEFINED:
-                groups.setdefault(int(c), []).append((k, r))
-        sets = {c: _process_set_for(sorted(self._global[r] for _, r in members))
-                for c, members in sorted(groups.items())}
         if color == MPI.UNDEFINED:
             return None
         try:
-            return type(self)(sub, name=self.name, _process_set=sets[int(color)],
+            group = sorted(self._global[r] for r, (c, _) in enumerate(info) if c == color)
+            return type(self)(sub, name=self.name, _process_set=_process_set_for(group),
                               _prefix=f"{self._prefix}.split{serial}.{int(color)}")
         finally:
             sub.Free()
@@ -775,26 +757,9 @@ class DummyCommunicator(CoordinatorCommunicator):
 
 
 def _process_set_for(global_ranks):
-    """The coordinator process set over `global_ranks`, registered on every
-    rank if it is new (all ranks call this, in the same order)."""
+    """The coordinator process set over `global_ranks`, which all of them
+    (and only they need) ask for together: registered by them if it is new
+    (basics.add_process_set_of_members), else the one registered."""
     if list(global_ranks) == list(range(hvd.size())):
         return hvd.global_process_set
-    key = tuple(global_ranks)
-    ps = _process_sets.get(key)
-    if ps is not None and ps.process_set_id is not None:
-        return ps
-    registered = _registered_set(global_ranks)
-    if registered is not None:
-        return registered
-    ps = hvd.ProcessSet(list(global_ranks))
-    basics.ensure_initialized(process_sets=[ps])
-    _process_sets[key] = ps
-    return ps
-
-
-def _registered_set(global_ranks):
-    """The registered coordinator process set over `global_ranks` (by any
-    means: init's list, add_process_set, another communicator), or None."""
-    table = runtime.current().process_sets
-    process_set_id = table.id_of(global_ranks)
-    return table.get(process_set_id) if process_set_id is not None else None
+    return basics.add_process_set_of_members(hvd.ProcessSet(list(global_ranks)))
