@@ -6,7 +6,8 @@ import os
 from coordinator import collectives, runtime
 from coordinator.config import elastic_job
 from coordinator.errors import NotInitializedError
-from coordinator.ops_names import ADD_PROCESS_SET_NAME, REMOVE_PROCESS_SET_NAME
+from coordinator.ops_names import (ADD_PROCESS_SET_NAME, REMOVE_PROCESS_SET_NAME,
+                                   add_by_members_name)
 from coordinator.process_sets import ProcessSet, global_process_set
 from coordinator.tensor_queue import Entry
 from coordinator.wire import pb
@@ -189,7 +190,7 @@ def add_process_set_of_members(process_set):
     rt = _rt("add_process_set")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     ranks = sorted(rt.ranks_of(ps) or ())
-    name = f"{ADD_PROCESS_SET_NAME}.{','.join(map(str, ranks))}"
+    name = add_by_members_name(ranks)
     entry = Entry(name, pb.ADD_PROCESS_SET, ranks=tuple(ranks), among_members=True)
     try:
         if ps.process_set_id is not None:

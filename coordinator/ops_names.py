@@ -48,6 +48,12 @@ def object_exchange_name(kind, name):
     return f"{INTERNAL_PREFIX}{kind}.{name}"
 
 
+def add_by_members_name(ranks):
+    """The name of an add_process_set by the set's own ranks
+    (basics.add_process_set_of_members): one per set of ranks."""
+    return f"{ADD_PROCESS_SET_NAME}.{','.join(str(r) for r in sorted(ranks))}"
+
+
 def barrier_name(process_set_id):
     return f"{INTERNAL_PREFIX}barrier.{process_set_id}"
 
@@ -63,6 +69,9 @@ def labelled(kind, name):
     if not name:
         return kind
     if name.startswith(INTERNAL_PREFIX):
+        if name.startswith(ADD_PROCESS_SET_NAME + "."):
+            ranks = name[len(ADD_PROCESS_SET_NAME) + 1:].replace(",", ", ")
+            return f"add_process_set of ranks [{ranks}]"
         for operation in OBJECT_OPERATIONS:
             prefix = f"{INTERNAL_PREFIX}{operation}."
             if name.startswith(prefix):

@@ -13,7 +13,7 @@ import pytest
 from mpi_harness import ROOT, mpi_env, mpirun
 
 SCRIPT = "examples/chainer/train_mnist_model_parallel.py"
-EPOCHS = 20
+EPOCHS = 10  # (0.9723 split and alone, 2026-12-01; 20 took twice as long)
 RESULT = re.compile(r"final validation accuracy (\d\.\d+) after (\d+) epochs (.+)")
 
 

@@ -8,8 +8,9 @@ the whole job split with keys that reverse the ranks (comm.split), a
 communicator's rank order differs from the coordinator's), and groups: a
 split of the job by random colors and keys, and communicators over mpi4py
 sub-communicators of random groups (each rank wraps its own group's, all at
-once). Now and then a step makes a fresh random split and finalizes it
-after its operations.
+once). Now and then a step makes a fresh random split of any of them (a
+split of a split where that one is grouped), and finalizes it after its
+operations.
 
 Each step draws, from a seed every rank shares, a few operations, each on
 one of those communicators (on a grouped one, every group runs it at once
@@ -153,21 +154,24 @@ def whole(label, comm, order):
     return Comms(label, comm, {g: order for g in range(SIZE)})
 
 
-def split_members(parent_members, colors, keys):
-    """MPI_Comm_split's groups: by color, ordered by (key, parent rank)."""
-    groups = {}
-    for i, g in enumerate(parent_members):
-        if colors[g] is not None:
-            groups.setdefault(colors[g], []).append((keys[g], i, g))
-    return {g: [m for _, _, m in sorted(groups[colors[g]])]
-            for g in parent_members if colors[g] is not None}
+def split_members(parent_of, colors, keys):
+    """MPI_Comm_split's groups within each group of the parent
+    (`parent_of[g]`: the members of global rank g's group, in their rank
+    order), by color, ordered by (key, rank in the parent)."""
+    out = {}
+    for g, group in parent_of.items():
+        mine = [(keys[m], i, m) for i, m in enumerate(group) if colors[m] == colors[g]]
+        out[g] = [m for _, _, m in sorted(mine)]
+    return out
 
 
 def random_split(rng, parent, label):
+    """Every group of `parent` split at once, a grouped one's each on its
+    own (a split of a split)."""
     colors = {g: rng.randrange(3) for g in range(SIZE)}
     keys = {g: rng.randrange(-2, 3) for g in range(SIZE)}
     sub = parent.comm.split(colors[ME], keys[ME])
-    return Comms(label, sub, split_members(parent.members, colors, keys))
+    return Comms(label, sub, split_members(parent.members_of, colors, keys))
 
 
 def make_comms():
@@ -186,7 +190,8 @@ def make_comms():
     keys = {g: rng.randrange(-2, 3) for g in range(SIZE)}
     sub = WORLD_MPI.Split(colors[ME], keys[ME])
     out["mpi_group"] = Comms("mpi_group", chainermn.create_communicator("naive", mpi_comm=sub),
-                             split_members(list(range(SIZE)), colors, keys))
+                             split_members({g: list(range(SIZE)) for g in range(SIZE)}, colors,
+                                           keys))
     return out
 
 
@@ -734,7 +739,8 @@ def run_step(step, comms):
     shared = random.Random(SEED * 1_000_003 + step)
     fresh = None
     if shared.random() < 0.2:
-        parent = comms[shared.choice(("world", "direct", "reversed", "mpi_reversed"))]
+        # (a grouped one too, "split" or "mpi_group": a split of a split)
+        parent = comms[shared.choice(sorted(comms))]
         fresh = random_split(shared, parent, "fresh")
         comms = dict(comms, fresh=fresh)
     names = sorted(comms)
