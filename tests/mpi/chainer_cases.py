@@ -455,25 +455,27 @@ def case_a_split_of_a_split_runs_on_its_own_groups(hvd):
 def case_one_group_wraps_its_sub_communicator_while_the_others_do_not(hvd):
     # ChainerMN wraps any mpi_comm, and only its ranks need to: a group that
     # did so alone waited for the others to register their sets too, and
-    # failed with a deadlock error. Rank 0's group now registers its set by
-    # itself, while the others wait outside the coordinator (in an mpi4py
-    # barrier: their background threads have nothing to do, and post no
-    # cycle unless asked; test_chainer_mpi runs this with stall checks off
-    # too, where no watchdog ping asks them).
+    # failed with a deadlock error. The group registers its set by itself,
+    # while the others wait outside the coordinator (in an mpi4py barrier:
+    # their background threads have nothing to do, and post no cycle unless
+    # asked; test_chainer_mpi runs this with stall checks off too, where no
+    # watchdog ping asks them). Rank 0's group first, then one without it
+    # (rank 0, idle, must hear of the other group's add from its worker).
     world = MPI.COMM_WORLD
-    sub = world.Split(int(world.rank % 2 == 0), world.rank)
-    try:
-        evens = [r for r in range(world.size) if r % 2 == 0]
-        if world.rank % 2 == 0:
-            comm = chainermn.create_communicator("naive", mpi_comm=sub)
-            assert_equal(comm.allreduce(np.array([world.rank], np.int64)),
-                         np.array([sum(evens)], np.int64))
-            assert comm.process_set.ranks == evens or len(evens) == world.size
-            comm.finalize()
-        _barrier_outside_the_coordinator(world)
-        assert_equal(COMM.allreduce(np.ones(1)), np.array([float(world.size)]))
-    finally:
-        sub.Free()
+    for parity in (0, 1):
+        sub = world.Split(int(world.rank % 2 == parity), world.rank)
+        try:
+            group = [r for r in range(world.size) if r % 2 == parity]
+            if world.rank % 2 == parity:
+                comm = chainermn.create_communicator("naive", mpi_comm=sub)
+                assert_equal(comm.allreduce(np.array([world.rank], np.int64)),
+                             np.array([sum(group)], np.int64))
+                assert comm.process_set.ranks == group or len(group) == world.size
+                comm.finalize()
+            _barrier_outside_the_coordinator(world)
+        finally:
+            sub.Free()
+    assert_equal(COMM.allreduce(np.ones(1)), np.array([float(world.size)]))
 
 
 def _barrier_outside_the_coordinator(comm):
