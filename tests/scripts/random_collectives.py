@@ -21,7 +21,8 @@ had happened.
 
 With DYNAMIC_SETS=1 (and HOROVOD_DYNAMIC_PROCESS_SETS=1), steps also add
 process sets of random ranks and remove them, while that step's operations
-are in flight; later steps use the sets added.
+are in flight; later steps use the sets added. Some are added by their own
+ranks alone (basics.add_process_set_of_members).
 
 With SCALES (a probability), an allreduce or reducescatter may get a
 prescale and a postscale factor (0.5, 2, 3), and integer tensors may be
@@ -80,6 +81,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import peers  # noqa: E402
 
 import coordinator as hvd  # noqa: E402
+from coordinator import basics  # noqa: E402
 
 SEED, STEPS = int(sys.argv[1]), int(sys.argv[2])
 BAD_INPUT = float(os.environ.get("BAD_INPUT", "0"))
@@ -371,14 +373,25 @@ def check_failed(d, handle, refused):
 
 def change_sets(rng, step, drawn):
     """Adds a set of random ranks, or removes one this step does not use
-    (every rank, in the same order), while the step's operations run."""
+    (every rank, in the same order), while the step's operations run. Or
+    the set's own ranks alone add it (basics.add_process_set_of_members,
+    as ChainerMN's communicators over part of the job do): the others only
+    note its ranks. Such a set is never removed (that needs every rank),
+    and adding one whose ranks are a set's already gives that set."""
     used = {d["set"] for d in drawn}
     removable = sorted(n for n in SETS if n.startswith("dyn") and n not in used)
     if removable and rng.random() < 0.3:
         assert hvd.remove_process_set(SETS.pop(rng.choice(removable)))
     elif rng.random() < 0.3:
         ranks = sorted(rng.sample(range(SIZE), rng.randint(2, SIZE - 1)))
-        if all(ps.ranks != ranks for ps in SETS.values()):
+        by_members = rng.random() < 0.5
+        if by_members and all(ps.ranks != ranks for n, ps in SETS.items() if n.startswith("dyn")):
+            ps = hvd.ProcessSet(ranks)
+            if ME in ranks:
+                assert basics.add_process_set_of_members(ps) is ps
+                assert ps.process_set_id is not None and ps.size() == len(ranks)
+            SETS[f"own{step}"] = ps
+        elif not by_members and all(ps.ranks != ranks for ps in SETS.values()):
             SETS[f"dyn{step}"] = hvd.add_process_set(ranks)
 
 
