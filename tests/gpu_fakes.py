@@ -508,6 +508,17 @@ class FakeNccl:
         # NCCL over sockets does; the data still moves at once.
         self.latency = latency
         self.bandwidth = bandwidth
+        # Where the members of a communicator over some ranks meet (_meet):
+        # a directory of this fake's own, made by rank 0 as every rank makes
+        # the fake (after the comm.Dup() it is given). Named by the job's
+        # PMIx namespace, which holds the launcher's pid, a later job whose
+        # launcher got a pid of an earlier one (pid_max is 32768 here) read
+        # that job's members and made a wrong communicator, and waited for
+        # good (1 random_collectives job in about 100, no output at all).
+        self._meeting = None
+        if comm.size > 1 and hasattr(comm, "bcast"):  # (not a simulated one: gpu_sim)
+            self._meeting = comm.bcast(
+                tempfile.mkdtemp(prefix="fake-nccl-") if comm.rank == 0 else None)
 
     def called(self, name, count, dtype, stream=None):
         """Records a call; timed, it spends the time of the stream whose
@@ -584,9 +595,7 @@ class FakeNccl:
         each leaves its world rank in a file of the job's (NCCL's members
         meet through the unique id alone, so no collective over the world
         may be used here), then waits for the others'."""
-        job = "".join(c if c.isalnum() else "_" for c in os.environ.get("PMIX_NAMESPACE", "solo"))
-        directory = os.path.join(tempfile.gettempdir(), f"fake-nccl-{job}")
-        os.makedirs(directory, exist_ok=True)
+        directory = self._meeting
         mine = os.path.join(directory, f"{key}.{rank}")
         with open(mine + ".tmp", "w") as f:
             f.write(str(self.comm.rank))
