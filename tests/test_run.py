@@ -740,7 +740,11 @@ print("RANK " + json.dumps({
     "rank": hvd.rank(), "local_rank": hvd.local_rank(),
     "background": sorted(os.sched_getaffinity(bg.thread.native_id)),
     "caller": sorted(os.sched_getaffinity(0)),
-    "tuner": tuner and [tuner.warmup_samples, tuner.steps_per_sample]}))
+    "tuner": tuner and [tuner.warmup_samples, tuner.steps_per_sample]}), flush=True)
+# Every rank has looked at its thread before any shuts the job down: the
+# other's background thread ends with that, and a rank that looked later
+# (descheduled after init(), in a loaded suite) found no such thread.
+hvd.barrier()
 hvd.shutdown()
 """
 
