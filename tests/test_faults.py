@@ -284,8 +284,9 @@ def test_a_rank_stopped_before_a_new_sets_first_operation_is_named_not_its_peers
                   env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "2"}, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert ("allreduce of tensor 'a' in process set 1: rank 1 has not answered for 2.0 s"
-            in out), out
+    # (2.0 s, or a little more in a loaded suite: 2.1 s once)
+    assert re.search(r"allreduce of tensor 'a' in process set 1: rank 1 has not answered for "
+                     r"2\.\d s", out), out
     assert "rank 0 (the coordinator) has not answered" not in out, out
     for rank in range(3):
         assert f"RANK {rank}: done" in out, out
