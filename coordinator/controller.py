@@ -842,10 +842,10 @@ class Controller:
             if not ranks or len(set(ranks)) != len(ranks) or not all(
                     0 <= r < self.size for r in ranks):
                 return f"add_process_set: invalid ranks {list(req.ranks)} for {self.size} ranks"
-            for pid, existing in self.process_sets.items():
-                if existing == ranks and not req.among_members:  # (theirs: its id)
-                    return (f"add_process_set: a process set with ranks {list(ranks)} "
-                            f"already exists (id {pid})")
+            pid = self._set_of(ranks)
+            if pid is not None and not req.among_members:  # (theirs: its id)
+                return (f"add_process_set: a process set with ranks {list(ranks)} "
+                        f"already exists (id {pid})")
         elif req.op == pb.REMOVE_PROCESS_SET:
             if req.process_set_id == 0:
                 return "remove_process_set: the global process set cannot be removed"
@@ -882,8 +882,7 @@ class Controller:
         members = tuple(range(self.size))
         if req.op == pb.ADD_PROCESS_SET:
             ranks = tuple(sorted(req.ranks))
-            pid = next((pid for pid, existing in self.process_sets.items()
-                        if existing == ranks), None)
+            pid = self._set_of(ranks)
             if pid is not None:  # added by its own members, and there already
                 resp = pb.Response(op=pb.ADD_PROCESS_SET, names=[neg.name], value=pid,
                                    ranks=ranks)
@@ -913,6 +912,12 @@ class Controller:
                     del table[key]
             resp = pb.Response(op=pb.REMOVE_PROCESS_SET, names=[neg.name], value=pid)
         return Plan(resp, members)
+
+    def _set_of(self, ranks):
+        """The id of the registered set whose ranks are `ranks` (sorted), or
+        None."""
+        return next((pid for pid, existing in self.process_sets.items() if existing == ranks),
+                    None)
 
     def members_of(self, process_set_id):
         """A set's ranks, also for a set removed while its operations still
