@@ -36,7 +36,7 @@ _runtime = None
 # mpi_defaults: whether MPI was given _mpi_defaults before it started
 _state = {"shut_down": False, "atexit": False, "uncaught": None, "excepthook": False,
           "resetting": False, "mpi_defaults": False, "finalize_mpi": None,
-          "finalize_watch": 0.0}
+          "program_mpi": False, "finalize_watch": 0.0}
 
 
 def current():
@@ -411,7 +411,13 @@ def _start_mpi(limit):
     after a shutdown)."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized():
-        return  # started by the program (or an elastic worker's membership): finalized by mpi4py
+        # Started by the program (or an elastic worker's membership), and
+        # finalized by mpi4py, as the program asked; but after a shutdown
+        # that not every rank confirmed, _finalize_mpi finalizes first,
+        # watched: mpi4py's finalizer waited there for good for a rank
+        # stopped at exit.
+        _note_finalizer(program=True)
+        return
     if mpi is None:
         import mpi4py
 
@@ -428,16 +434,31 @@ def _start_mpi(limit):
 
         if not MPI.Is_initialized():
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    _note_finalizer(program=False)
+
+
+def _note_finalizer(program):
+    """Registers _finalize_mpi at exit, once. `program`: MPI was started by
+    the program, which finalizes it (mpi4py at exit) unless a peer may hold
+    this rank there."""
     if not _state["finalize_mpi"]:
         _state["finalize_mpi"] = os.getpid()
+        _state["program_mpi"] = program
         atexit.register(_finalize_mpi)
 
 
 def _finalize_mpi():
+    """Finalizes MPI in the process that started it, under a watcher
+    (mpi_watch) where a shutdown was not confirmed by every rank. Runs before
+    mpi4py's own finalizer, which then finds MPI finalized."""
+    import mpi4py
     from mpi4py import MPI
 
     if fork_of(_state["finalize_mpi"]):
         return  # MPI is the parent's
+    if _state["program_mpi"] and (not _state["finalize_watch"]
+                                  or mpi4py.rc.finalize is False):
+        return  # the program's to finalize (or not, as it told mpi4py)
     if MPI.Is_initialized() and not MPI.Is_finalized():
         with mpi_finalize_watched(_state["finalize_watch"]):
             MPI.Finalize()

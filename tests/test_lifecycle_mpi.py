@@ -92,10 +92,10 @@ def test_uneven_data_without_join_is_a_deadlock_error_in_keras_and_pytorch(case)
     FRAMEWORK_DEADLOCKS.check(case, 2)
 
 
-def job_of_three(script, mode, env, ok=None):
-    """The output of `script mode` run at np=3, once its exit status said
-    whether it succeeded (`ok`; None: not checked)."""
-    proc = mpirun([os.path.join(SCRIPTS, script), mode], np_=3, env=env, timeout=150)
+def job_of_three(script, mode, env, ok=None, more=()):
+    """The output of `script mode *more` run at np=3, once its exit status
+    said whether it succeeded (`ok`; None: not checked)."""
+    proc = mpirun([os.path.join(SCRIPTS, script), mode, *more], np_=3, env=env, timeout=150)
     out = proc.stdout + proc.stderr
     if ok is not None:
         assert (proc.returncode == 0) == ok, out
@@ -147,11 +147,15 @@ def test_ranks_waiting_in_mpi_init_go_on_when_the_last_one_comes():
 
 
 @pytest.mark.mpi
-def test_a_rank_stopped_before_its_shutdown_ends_the_job_from_mpi_finalize():
-    # The others' shutdown waited 30 s for it, as before; then MPI_Finalize
-    # waited for it for ever. A watcher process names it and ends them.
+@pytest.mark.parametrize("started_by", ["init", "mpi4py-first"])
+def test_a_rank_stopped_before_its_shutdown_ends_the_job_from_mpi_finalize(started_by):
+    # The others' shutdown waits for it until its deadline (30 s, cut to 3 s
+    # by the script), as before; then MPI_Finalize waited for it for ever. A
+    # watcher process names it and ends them. Also where the program started
+    # MPI (importing mpi4py's MPI first): mpi4py's own finalizer, which had
+    # no watcher, waited there for good.
     out = job_of_three("stopped_at_exit.py", "stopped", {"COORDINATOR_SILENT_RANK_SECONDS": "2"},
-                       ok=False)
+                       ok=False, more=[started_by] if started_by != "init" else [])
     for rank in (0, 1):
         assert f"rank {rank}: done" in out, out
         assert re.search(rf"\[{rank}\] ERROR coordinator: MPI_Finalize waits for every rank of "

@@ -1,12 +1,17 @@
 """The last rank stops after the job's last collective, before its
 shutdown (run by tests/test_lifecycle_mpi.py). The others' shutdown waits
-30 s for it, then MPI_Finalize waits for it too, and cannot be interrupted.
+for it until its deadline (30 s; cut to 3 s here, as by stopped_rank.py: the
+tests are about what comes next), then MPI_Finalize waits for it too, and
+cannot be interrupted.
 
 argv[1]:
   stopped  it stops itself (SIGSTOP) for good;
   paused   it stops itself, and a child continues it 3 s after the others
            wait in MPI_Finalize under their watchers (which give a rank
            stopped there COORDINATOR_SILENT_RANK_SECONDS).
+argv[2], optional: "mpi4py-first": the program imports mpi4py's MPI before
+the coordinator (which then leaves MPI to mpi4py to finalize, except after a
+shutdown that not every rank confirmed).
 Each rank prints when its program is done. With STOPPED_MARK set (a file's
 path), a child of the last rank makes that file once its parent is stopped,
 and the others wait for the file: they may run on other hosts, which do not
@@ -20,11 +25,21 @@ import time
 
 import numpy as np
 
+if sys.argv[2:] == ["mpi4py-first"]:
+    from mpi4py import MPI
+
+    assert MPI.Is_initialized()  # (importing it started MPI)
+
 import coordinator as hvd
 from coordinator.mpi_watch import stopped
 
 mode = sys.argv[1]
 hvd.init()
+# (imported after init(): the coordinator's background module imports
+# mpi4py's MPI, which would start MPI as the program's)
+from coordinator import background  # noqa: E402
+
+background.SHUTDOWN_TIMEOUT = 3.0
 rank, size = hvd.rank(), hvd.size()
 print(f"rank {rank}: sum {hvd.allreduce(np.ones(1), op=hvd.Sum)[0]:.0f}", flush=True)
 last = hvd.allgather_object(os.getpid())[-1]
