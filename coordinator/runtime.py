@@ -415,8 +415,10 @@ def _start_mpi(limit):
         # finalized by mpi4py, as the program asked; but after a shutdown
         # that not every rank confirmed, _finalize_mpi finalizes first,
         # watched: mpi4py's finalizer waited there for good for a rank
-        # stopped at exit.
-        _note_finalizer(program=True)
+        # stopped at exit. (Not an elastic worker's: its membership decides
+        # at exit whether to finalize at all, after this would have run.)
+        if not elastic_job():
+            _note_finalizer(program=True)
         return
     if mpi is None:
         import mpi4py
