@@ -89,13 +89,25 @@ def mpi_finalize_watched(silent, environ=None):
         yield watcher
 
 
-@contextlib.contextmanager
-def _watched(mode, seconds, environ):
+def watch_finalize_until_exit(silent, environ=None):
+    """Starts the watcher of `mpi_finalize_watched` for an MPI_Finalize that
+    another finalizer runs later in this process (mpi4py's, at the very end
+    of the interpreter): it watches until this process exits, which closes
+    its pipe. Returns it (None where none is due)."""
+    return _due_watcher("finalize", silent, environ)
+
+
+def _due_watcher(mode, seconds, environ):
     environ = os.environ if environ is None else environ
     size = _job_size(environ)
-    watcher = None
     if seconds and size is not None and size > 1:
-        watcher = _start_watcher(mode, seconds)
+        return _start_watcher(mode, seconds)
+    return None
+
+
+@contextlib.contextmanager
+def _watched(mode, seconds, environ):
+    watcher = _due_watcher(mode, seconds, environ)
     if watcher is None:
         yield None
         return
