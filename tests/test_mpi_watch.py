@@ -150,6 +150,42 @@ def test_in_mpi_finalize_a_rank_on_another_host_gets_the_silent_limit():
         assert "rank 1" not in err
 
 
+# A rank whose MPI_Finalize another finalizer runs later (mpi4py's, at the
+# interpreter's end, where the program started MPI): the watcher started by
+# watch_finalize_until_exit(argv[1]) watches until the process ends; argv[2]
+# "hang": that finalize waits for good, "quick": the process ends at once.
+UNTIL_EXIT = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from coordinator import mpi_watch
+watcher = mpi_watch.watch_finalize_until_exit(float(sys.argv[1]))
+print("watcher", watcher.pid, flush=True)
+if sys.argv[2] == "hang":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("body", ["hang", "quick"])
+def test_a_watcher_until_exit_ends_a_rank_held_by_a_stopped_one_or_goes_with_it(body):
+    ns = f"test-{uuid.uuid4()}"
+    stopped = start_idle(ns, 1, 2)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    with ended(stopped):
+        rank = subprocess.Popen([sys.executable, "-c", UNTIL_EXIT, "1", body, ROOT],
+                                env=job_env(ns, 0, 2, 2), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        wait_for_watcher(rank)
+        # (the watcher holds the same stdout and stderr: they close once it
+        # has gone too)
+        _, err = rank.communicate(timeout=120)
+    if body == "quick":
+        assert rank.returncode == 0 and err == "", err
+        return
+    assert rank.returncode == -signal.SIGTERM, err
+    assert re.match(r"\[0\] ERROR coordinator: MPI_Finalize waits for every rank of the job, "
+                    rf"and rank 1 \(pid {stopped.pid}\) has been stopped", err), err
+
+
 def test_the_watcher_goes_once_mpi_init_returns_and_says_nothing():
     rank = start_rank(f"test-{uuid.uuid4()}", 0, 2, 600, "quick")
     out, err = rank.communicate(timeout=120)
