@@ -10,8 +10,8 @@ argv[1]:
            wait in MPI_Finalize under their watchers (which give a rank
            stopped there COORDINATOR_SILENT_RANK_SECONDS).
 argv[2], optional: "mpi4py-first": the program imports mpi4py's MPI before
-the coordinator (which then leaves MPI to mpi4py to finalize, except after a
-shutdown that not every rank confirmed).
+the coordinator, so mpi4py finalizes MPI at exit (after a shutdown that not
+every rank confirmed, under the watcher the coordinator starts at exit).
 Each rank prints when its program is done. With STOPPED_MARK set (a file's
 path), a child of the last rank makes that file once its parent is stopped,
 and the others wait for the file: they may run on other hosts, which do not
