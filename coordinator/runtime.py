@@ -37,7 +37,7 @@ _runtime = None
 # mpi_defaults: whether MPI was given _mpi_defaults before it started
 _state = {"shut_down": False, "atexit": False, "uncaught": None, "excepthook": False,
           "resetting": False, "mpi_defaults": False, "finalize_mpi": None,
-          "program_mpi": False, "finalize_watch": 0.0, "finalize_watcher": None}
+          "program_mpi": False, "finalize_watch": 0.0}
 
 
 def current():
@@ -469,7 +469,8 @@ def _finalize_mpi():
         with mpi_finalize_watched(_state["finalize_watch"]):
             MPI.Finalize()
     elif _state["finalize_watch"] and mpi4py.rc.finalize is not False:
-        _state["finalize_watcher"] = watch_finalize_until_exit(_state["finalize_watch"])
+        # (its pipe is a bare descriptor, which closes with this process)
+        watch_finalize_until_exit(_state["finalize_watch"])
 
 
 def _note_missing_defaults(environ):
