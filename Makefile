@@ -17,6 +17,12 @@ NUMPY2_TESTS := tests/test_core_mpi.py tests/test_fusion.py tests/test_native.py
 	tests/test_nan_mpi.py tests/test_riders_mpi.py tests/test_torch.py tests/test_torch_mpi.py \
 	tests/test_gpu_fallback.py tests/test_tensorflow_bridge.py tests/test_keras.py \
 	tests/test_leftovers_mpi.py tests/test_random_collectives_mpi.py
+# What NumPy does not touch, the first part has run: a rank stopped or killed,
+# and the TensorFlow steps' second configuration of the core.
+NUMPY2_SKIP := \
+	tests/test_random_collectives_mpi.py::test_a_rank_stopped_half_way_through_a_random_step \
+	tests/test_random_collectives_mpi.py::test_a_rank_killed_half_way_through_random_steps \
+	"tests/test_random_collectives_mpi.py::test_random_tensorflow_steps_match_numpy_on_every_rank[3_cache"
 
 # Open MPI refuses to start as root without these.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
@@ -67,11 +73,12 @@ demo: $(STAMP) $(NATIVE)
 # parts went from 23 min 15 s and 4 min 42 s to 13 min 56 s and 3 min 49 s
 # (2026-11-30). TEST_WORKERS=0 runs them one at a time in one process.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: $(STAMP) $(STAMP2) $(NATIVE)
 	$(PY) -m pytest -q $(XDIST) tests
-	$(PY2) -m pytest -q $(XDIST) -p no:cacheprovider $(NUMPY2_TESTS)
+	$(PY2) -m pytest -q $(XDIST) -p no:cacheprovider $(NUMPY2_TESTS) \
+		$(addprefix --deselect ,$(NUMPY2_SKIP))
 
 bench: $(STAMP) $(NATIVE)
 	$(PY) -m coordinator.bench

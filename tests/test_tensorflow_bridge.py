@@ -3,6 +3,8 @@ NumPy the frontend relies on, error translation, compression."""
 
 import gc
 import os
+import subprocess
+import sys
 import types
 import weakref
 
@@ -114,11 +116,29 @@ def test_collective_before_init_raises_failed_precondition():
     import coordinator
 
     if coordinator.is_initialized():
-        pytest.skip("another test initialised the coordinator in this process")
+        # Another test initialised the coordinator in this worker: a fresh
+        # process, which this check needs, costs a TensorFlow import.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        proc = subprocess.run([sys.executable, "-c", _BEFORE_INIT], env=env, capture_output=True,
+                              text=True, timeout=180)
+        assert proc.returncode == 0 and "refused" in proc.stdout, proc.stdout + proc.stderr
+        return
     import frontends.tensorflow as hvd
 
     with pytest.raises(tf.errors.FailedPreconditionError, match="init"):
         hvd.allreduce(tf.ones(2))
+
+
+_BEFORE_INIT = """
+import tensorflow as tf
+import frontends.tensorflow as hvd
+try:
+    hvd.allreduce(tf.ones(2))
+except tf.errors.FailedPreconditionError as exc:
+    assert "init" in str(exc), exc
+    print("refused")
+"""
 
 
 def test_jit_compile_is_refused_when_tracing():
