@@ -482,7 +482,7 @@ def test_random_losses_and_host_changes_keep_the_state_whole(tmp_path, seed, min
         return
     done = re.findall(r"^done rank (\d+) size (\d+) step (\d+) total (\S+) ledger (\S+) "
                       r"steps (\d+)$", out, re.MULTILINE)
-    assert done and len(done) == int(done[0][1]), (kills, out[-2000:])
+    assert done and len(done) == int(done[0][1]), f"kills {kills}:\n{out[-2000:]}"
     for _, _, step, total, ledger, steps in done:
         assert int(step) == int(steps) == total_steps and float(total) == float(ledger), (
             kills, done)

@@ -102,7 +102,7 @@ def test_a_rank_stopped_inside_a_collective_becomes_a_stall_error_on_every_rank(
         in out, out
     for rank in range(np_):
         lines = _lines(out, f"RANK {rank}: StallError")
-        assert len(lines) == 1, (rank, out)
+        assert len(lines) == 1, f"rank {rank}:\n{out}"  # (a str: shown in full)
         if rank != victim:
             waited = float(lines[0].split(" after ")[1].split(" s")[0])
             assert 4.0 <= waited <= 20.0, lines

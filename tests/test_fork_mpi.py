@@ -28,7 +28,7 @@ def run(mode):
 def raised(out, call, what, rank):
     pattern = (rf"{call} raised NotInitializedError: {re.escape(what)}: "
                + FORK.format(rank=rank))
-    assert re.search(pattern, out), (pattern, out)
+    assert re.search(pattern, out), f"{pattern!r} not in:\n{out}"
 
 
 @pytest.mark.mpi

@@ -167,7 +167,7 @@ def test_a_rank_stopped_half_way_through_a_random_step_is_named_on_every_rank(
     for rank in range(np_):
         said = [line for line in out.splitlines()
                 if line.startswith(f"RANK {rank}: ") and "Error: " in line]
-        assert len(said) == 1, (rank, out[-4000:])
+        assert len(said) == 1, f"rank {rank}:\n{out[-4000:]}"
         if rank != victim:
             assert f"rank {victim}" in said[0], said
 
@@ -214,7 +214,7 @@ def test_a_rank_killed_half_way_through_random_steps_is_named_by_every_survivor(
         # (from the file it left: the launcher may drop the last lines a
         # process printed as the job ends)
         mark = tmp_path / f"said.{rank}"
-        assert mark.exists(), (rank, out[-4000:])
+        assert mark.exists(), f"rank {rank}:\n{out[-4000:]}"
         said = mark.read_text()
         assert said.startswith(f"RANK {rank}: RankFailedError: "), said
         assert (f"rank {victim} failed or left the job" in said
