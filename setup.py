@@ -80,8 +80,8 @@ EXTRAS = {
     "tensorflow": ["tensorflow-cpu>=2.16"],
     "chainer": ["chainer==7.8.1", "numpy<2"],  # Chainer 7.8.1 needs NumPy 1
     # grpcio-tools: tests/test_wire.py recompiles proto/ to check the generated code.
-    # pytest-xdist: make test runs two workers.
-    "test": ["pytest", "pytest-xdist", "scikit-learn", "matplotlib", "psutil",
+    # pytest-xdist: make test runs two workers (3.8: --no-loadscope-reorder).
+    "test": ["pytest", "pytest-xdist>=3.8", "scikit-learn", "matplotlib", "psutil",
              "grpcio-tools>=1.85,<2"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
