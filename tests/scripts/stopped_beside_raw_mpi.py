@@ -79,13 +79,19 @@ def allreduce():
         say(type(exc).__name__, start, exc)
 
 
+# The others enter their barrier once the victim is about to stop, not
+# before: spinning in it, they kept the victim off a loaded machine's cores
+# for the silence limit in one run of the suite, and it was named before it
+# had stopped (then failed the warm-up, and exited before it could be continued).
 if me == VICTIM:
+    peers.leave_mark(reports, f"stopping.{me}")
     peers.stop_self(RESUME)
     if BRIEF:
         barrier()
     allreduce()
     peers.leave_mark(reports, f"victim.{me}")
 else:
+    peers.marked(reports, [f"stopping.{VICTIM}"], 60.0)
     barrier()
     allreduce()
     peers.leave_mark(reports, f"other.{me}")
