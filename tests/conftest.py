@@ -51,7 +51,7 @@ FILE_SECONDS = {
 
 
 def _file_seconds(item):
-    return FILE_SECONDS.get(os.path.basename(str(item.path)), 0)
+    return FILE_SECONDS.get(item.path.name, 0)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -18,6 +18,7 @@ from coordinator.errors import (HorovodInternalError, NotInitializedError,  # no
                                 ShutdownError, StallError, TensorMismatchError)
 from frontends.tensorflow import errors, tensor_bridge as bridge  # noqa: E402
 from frontends.tensorflow.compression import Compression  # noqa: E402
+from mpi_harness import ROOT  # noqa: E402
 
 
 def address(array):
@@ -118,8 +119,7 @@ def test_collective_before_init_raises_failed_precondition():
     if coordinator.is_initialized():
         # Another test initialised the coordinator in this worker: a fresh
         # process, which this check needs, costs a TensorFlow import.
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
         proc = subprocess.run([sys.executable, "-c", _BEFORE_INIT], env=env, capture_output=True,
                               text=True, timeout=180)
         assert proc.returncode == 0 and "refused" in proc.stdout, proc.stdout + proc.stderr
