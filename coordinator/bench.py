@@ -223,8 +223,8 @@ class Bench:
             return
         n = 16 * 1024 * 1024
         reps = max(5, self.repeats // 4)
-        for dtype in [np.float16] + ([native.dtypes.BFLOAT16] if native.dtypes.BFLOAT16
-                                     is not None else []):
+        bf16 = native.dtypes.bfloat16()
+        for dtype in [np.float16] + ([bf16] if bf16 is not None else []):
             x = np.ones(n, dtype)
             out = np.empty_like(x)
             name = np.dtype(dtype).name

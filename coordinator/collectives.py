@@ -390,7 +390,7 @@ def _allreduce_entry(rt, tensor, name, op, prescale, postscale, ps, output, grou
                      group_size=0, what=None):
     what = what or label("allreduce", name)
     arr, info, device = _array(tensor, what, reducible=True)
-    if op == Adasum and info.dtype.kind != "f" and info.dtype != dtypes.BFLOAT16:
+    if op == Adasum and info.dtype.kind != "f" and not dtypes.is_bfloat16(info.dtype):
         raise ValueError(f"{what}: Adasum needs a floating-point tensor, not {info.name}")
     # Positional, in Entry's order: thirteen keywords cost 1 us a tensor.
     return Entry(name, pb.ALLREDUCE, arr, _output(output, arr, device, what), info, arr.shape,

@@ -187,7 +187,7 @@ def mismatch_text(field, op, name, values_by_rank, render):
 
 
 def _itemsize(req):
-    info = dtypes.BY_WIRE.get(req.dtype)
+    info = dtypes.info_for_wire(req.dtype)
     return info.dtype.itemsize if info is not None else 1
 
 

@@ -3,19 +3,26 @@
 One table, keyed by NumPy dtype: its wire enum and whether it can be reduced.
 How a backend reduces each dtype (MPI reduces bfloat16 through a native
 kernel or in float32) is the backend's policy (ops/mpi_reduce.py).
+
+bfloat16 comes from the ml_dtypes package, imported on first need, not with
+the core: ml_dtypes 0.7 takes 1.1 s of CPU to import under NumPy 2.4 (its
+ufunc loops are registered one by one, each compared with the ones before).
+A bfloat16 array can only exist once ml_dtypes is imported, so the tables
+learn the dtype when one is first looked up (`BY_DTYPE`, `BY_WIRE`,
+`info_for`), when `bfloat16()` or `BFLOAT16` is asked for, or at import
+where ml_dtypes is already loaded (TensorFlow loads it). Tables elsewhere
+that hold bfloat16 (the native kernels' kinds, MPI's reduce-as policy)
+register with `on_bfloat16`.
 """
+
+import importlib.util
+import sys
 
 import numpy as np
 
 from coordinator.wire import pb
 
-try:  # bfloat16 is optional
-    import ml_dtypes
-
-    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes ships with TensorFlow and JAX
-    ml_dtypes = None
-    BFLOAT16 = None
+BFLOAT16_NAME = "bfloat16"
 
 
 class DTypeInfo:
@@ -26,6 +33,24 @@ class DTypeInfo:
         self.wire = wire
         self.name = self.dtype.name
         self.reducible = reducible
+
+
+class _ByDtype(dict):
+    """DTypeInfo by NumPy dtype; a bfloat16 key loads bfloat16 first."""
+
+    def __missing__(self, key):
+        if getattr(key, "name", None) == BFLOAT16_NAME and bfloat16() is not None and key in self:
+            return dict.__getitem__(self, key)
+        raise KeyError(key)
+
+
+class _ByWire(dict):
+    """DTypeInfo by wire enum; pb.BFLOAT16 loads bfloat16 first."""
+
+    def __missing__(self, key):
+        if key == pb.BFLOAT16 and bfloat16() is not None:
+            return dict.__getitem__(self, key)
+        raise KeyError(key)
 
 
 _INFOS = [
@@ -40,20 +65,86 @@ _INFOS = [
     DTypeInfo(np.float64, pb.FLOAT64),
     DTypeInfo(np.bool_, pb.BOOL, reducible=False),
 ]
-if BFLOAT16 is not None:
-    _INFOS.append(DTypeInfo(BFLOAT16, pb.BFLOAT16))
 
-BY_DTYPE = {info.dtype: info for info in _INFOS}
-BY_WIRE = {info.wire: info for info in _INFOS}
+BY_DTYPE = _ByDtype((info.dtype, info) for info in _INFOS)
+BY_WIRE = _ByWire((info.wire, info) for info in _INFOS)
 
-SUPPORTED_NAMES = ", ".join(info.name for info in _INFOS)
+# Whether bfloat16 can be had, without importing it (a path lookup).
+BFLOAT16_AVAILABLE = importlib.util.find_spec("ml_dtypes") is not None
+
+SUPPORTED_NAMES = ", ".join([info.name for info in _INFOS]
+                            + ([BFLOAT16_NAME] if BFLOAT16_AVAILABLE else []))
+
+_bf16 = None        # the dtype once loaded
+_bf16_tried = False  # whether loading was tried (ml_dtypes may be missing)
+_bf16_hooks = []
+
+
+def bfloat16():
+    """ml_dtypes' bfloat16 dtype, loaded and registered on first call; None
+    where ml_dtypes is not installed."""
+    global _bf16, _bf16_tried
+    if _bf16_tried:
+        return _bf16
+    _bf16_tried = True
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    dt = np.dtype(ml_dtypes.bfloat16)
+    info = DTypeInfo(dt, pb.BFLOAT16)
+    dict.__setitem__(BY_DTYPE, dt, info)
+    dict.__setitem__(BY_WIRE, pb.BFLOAT16, info)
+    _bf16 = dt
+    globals()["BFLOAT16"] = dt
+    for hook in _bf16_hooks:
+        hook(dt)
+    return dt
+
+
+def on_bfloat16(hook):
+    """Call hook(dtype) once bfloat16 is loaded (now, if it is)."""
+    _bf16_hooks.append(hook)
+    if _bf16 is not None:
+        hook(_bf16)
+
+
+def is_bfloat16(dtype):
+    """Whether a NumPy dtype is bfloat16, without importing ml_dtypes for
+    any other dtype."""
+    if getattr(dtype, "name", None) != BFLOAT16_NAME:
+        return False
+    bf16 = bfloat16()
+    return bf16 is not None and dtype == bf16
+
+
+def __getattr__(name):
+    # `dtypes.BFLOAT16`: the dtype (None without ml_dtypes), loaded on first read.
+    if name == "BFLOAT16":
+        return bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def info_for(dtype):
     """The DTypeInfo of a NumPy dtype, or None when it is not supported."""
-    return BY_DTYPE.get(np.dtype(dtype))
+    try:
+        return BY_DTYPE[np.dtype(dtype)]
+    except KeyError:
+        return None
+
+
+def info_for_wire(wire):
+    """The DTypeInfo of a wire enum, or None when it is not supported."""
+    try:
+        return BY_WIRE[wire]
+    except KeyError:
+        return None
 
 
 def wire_name(wire):
-    info = BY_WIRE.get(wire)
+    info = info_for_wire(wire)
     return info.name if info is not None else f"dtype#{wire}"
+
+
+if "ml_dtypes" in sys.modules:  # already paid for (TensorFlow, JAX)
+    bfloat16()

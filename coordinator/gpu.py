@@ -158,9 +158,10 @@ def as_device_array(obj, what):
         return arr, dtypes.info_for(arr.dtype), arr.device.id
     if arr.dtype.itemsize != 2 or arr.dtype.kind not in "iu":
         raise ValueError(f"{what}: bfloat16() takes a 16-bit integer view, not {arr.dtype}")
-    if dtypes.BFLOAT16 is None:
+    bf16_dtype = dtypes.bfloat16()
+    if bf16_dtype is None:
         raise ValueError(f"{what}: bfloat16 needs the ml_dtypes package")
-    return arr.view(np.int16), dtypes.BY_DTYPE[dtypes.BFLOAT16], arr.device.id
+    return arr.view(np.int16), dtypes.BY_DTYPE[bf16_dtype], arr.device.id
 
 
 def contiguous(arr, device):
@@ -200,7 +201,7 @@ def output_array(output, arr, device, what):
 def storage_dtype(dtype):
     """The dtype a device array of `dtype` is held in (bfloat16: int16)."""
     dtype = np.dtype(dtype)
-    return np.dtype(np.int16) if dtype == dtypes.BFLOAT16 else dtype
+    return np.dtype(np.int16) if dtype.kind == "V" and dtypes.is_bfloat16(dtype) else dtype
 
 
 def result_dtype(entry, storage):

@@ -41,10 +41,16 @@ except ImportError:  # built without a C compiler
     minmax = None
 
 OP_CODES = {pb.SUM: 0, pb.AVERAGE: 0, pb.MIN: 1, pb.MAX: 2, pb.PRODUCT: 3}
-KINDS = {np.dtype(np.float16): 0}
-if dtypes.BFLOAT16 is not None:
-    KINDS[dtypes.BFLOAT16] = 1
-_KIND_DTYPES = {code: dt for dt, code in KINDS.items()}
+KINDS = {np.dtype(np.float16): 0}  # bfloat16 (1) joins once it is loaded
+_KIND_DTYPES = {0: np.dtype(np.float16)}
+
+
+def _add_bfloat16(dt):
+    KINDS[dt] = 1
+    _KIND_DTYPES[1] = dt
+
+
+dtypes.on_bfloat16(_add_bfloat16)
 MINMAX_CODES = {pb.MIN: 1, pb.MAX: 2}
 MINMAX_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
 _MINMAX_DTYPES = {code: dt for dt, code in MINMAX_KINDS.items()}

@@ -10,6 +10,7 @@ needs_halfops = pytest.mark.skipif(native.halfops is None,
 needs_minmax = pytest.mark.skipif(native.minmax is None,
                                   reason="native kernels not built (no C compiler at install)")
 
+dtypes.bfloat16()  # loaded on first need; these tests cover its kernels too
 KINDS = sorted(native.KINDS.items(), key=lambda kv: kv[1])
 
 

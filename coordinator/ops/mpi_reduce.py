@@ -31,8 +31,7 @@ from coordinator.wire import pb
 
 # Reduced in another dtype when no native kernel handles them.
 _REDUCE_AS = {np.dtype(np.float16): np.dtype(np.float32)}
-if dtypes.BFLOAT16 is not None:
-    _REDUCE_AS[dtypes.BFLOAT16] = np.dtype(np.float32)
+dtypes.on_bfloat16(lambda dt: _REDUCE_AS.__setitem__(dt, np.dtype(np.float32)))
 
 # Summed and multiplied by a user-defined op that wraps (see the module doc).
 _WRAPPING = {np.dtype(t): code for code, t in enumerate((np.int8, np.uint8, np.int16,

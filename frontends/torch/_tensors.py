@@ -35,19 +35,14 @@ import threading
 import numpy as np
 import torch
 
+from coordinator import dtypes as core_dtypes
 from coordinator import gpu as core_gpu
 
-try:
-    import ml_dtypes
-
-    _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes comes with the core's deps
-    _BFLOAT16 = None
-
 # torch dtypes the core can move; reductions additionally exclude bool.
+# bfloat16 needs ml_dtypes, imported when the first bfloat16 tensor comes.
 SUPPORTED = {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
              torch.float32, torch.float64, torch.bool}
-if _BFLOAT16 is not None:
+if core_dtypes.BFLOAT16_AVAILABLE:
     SUPPORTED.add(torch.bfloat16)
 REDUCIBLE = SUPPORTED - {torch.bool}
 
@@ -167,13 +162,13 @@ def _host_array(tensor):
     # detach() only when needed: it is a call into torch that gives up the GIL.
     t = tensor.detach() if tensor.requires_grad else tensor
     if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_BFLOAT16)
+        return t.view(torch.int16).numpy().view(core_dtypes.bfloat16())
     return t.numpy()
 
 
 def _from_array(array):
     """A tensor over a NumPy array the core allocated (no copy)."""
-    if array.dtype == _BFLOAT16:
+    if array.dtype.kind == "V" and core_dtypes.is_bfloat16(array.dtype):
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 

@@ -1,0 +1,125 @@
+"""bfloat16 is loaded on first need (coordinator/dtypes.py): importing the
+core or the torch frontend leaves ml_dtypes unimported, and the first
+bfloat16 lookup, from a dtype or from the wire, fills every table that holds
+it. Each check runs in a fresh interpreter, since this one may have loaded
+it already."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from coordinator import dtypes, native
+from coordinator.wire import pb
+from mpi_harness import ROOT, mpirun
+
+
+def run_fresh(code):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_importing_the_core_and_the_torch_frontend_leaves_ml_dtypes_unimported():
+    out = run_fresh("""
+        import sys
+        import numpy as np
+        import coordinator, coordinator.runtime, coordinator.collectives
+        from coordinator import dtypes, gpu
+        import frontends.torch
+        from frontends.torch import _tensors
+        import torch
+        assert dtypes.info_for(np.float32).name == "float32"
+        assert not dtypes.is_bfloat16(np.dtype(np.float64))
+        assert gpu.storage_dtype(np.float16) == np.float16
+        assert torch.bfloat16 in _tensors.SUPPORTED
+        assert "bfloat16" in dtypes.SUPPORTED_NAMES
+        print("ml_dtypes" in sys.modules)
+    """)
+    assert out.split() == ["False"]
+
+
+def test_a_bfloat16_wire_dtype_loads_it_into_every_table():
+    out = run_fresh("""
+        import sys
+        from coordinator import dtypes, native
+        from coordinator.ops import mpi_reduce
+        from coordinator.wire import pb
+        assert "ml_dtypes" not in sys.modules
+        info = dtypes.BY_WIRE[pb.BFLOAT16]
+        assert info.name == "bfloat16" and info.wire == pb.BFLOAT16
+        assert dtypes.BY_DTYPE[info.dtype] is info and dtypes.BFLOAT16 == info.dtype
+        assert native.KINDS[info.dtype] == 1 and native._KIND_DTYPES[1] == info.dtype
+        assert mpi_reduce._REDUCE_AS[info.dtype] == "float32"
+        if native.halfops is not None:
+            rdtype, _, op = mpi_reduce.reduction(info, pb.SUM)
+            assert rdtype == info.dtype and op is mpi_reduce._user_op(
+                native.halfops.reduce, 0, 1)
+        seen = []
+        dtypes.on_bfloat16(seen.append)  # registered late: called at once
+        assert seen == [info.dtype]
+        print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_a_bfloat16_array_made_after_import_is_known_by_its_dtype():
+    out = run_fresh("""
+        import numpy as np
+        from coordinator import dtypes, fusion
+        import ml_dtypes
+        a = np.array([1.5, -2.25, 3.0], ml_dtypes.bfloat16)
+        info = dtypes.info_for(a.dtype)
+        assert info is not None and info.wire == dtypes.pb.BFLOAT16
+        assert dtypes.is_bfloat16(a.dtype)
+        fusion.scale_inplace(a, 0.5)
+        print(a.astype(np.float32).tolist())
+    """)
+    assert out.strip() == "[0.75, -1.125, 1.5]"
+
+
+def test_without_ml_dtypes_bfloat16_is_unsupported_and_named_so():
+    out = run_fresh("""
+        import sys
+        sys.modules["ml_dtypes"] = None  # as if not installed
+        import numpy as np
+        from coordinator import dtypes, native
+        from coordinator.wire import pb
+        from frontends.torch import _tensors
+        import torch
+        assert dtypes.bfloat16() is None and dtypes.BFLOAT16 is None
+        assert not dtypes.BFLOAT16_AVAILABLE and "bfloat16" not in dtypes.SUPPORTED_NAMES
+        assert dtypes.info_for_wire(pb.BFLOAT16) is None
+        assert dtypes.wire_name(pb.BFLOAT16) == f"dtype#{pb.BFLOAT16}"
+        try:
+            dtypes.BY_WIRE[pb.BFLOAT16]
+        except KeyError:
+            pass
+        else:
+            raise AssertionError("BY_WIRE has bfloat16 without ml_dtypes")
+        assert list(native.KINDS) == [np.dtype(np.float16)]
+        assert torch.bfloat16 not in _tensors.SUPPORTED
+        print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
+def test_tables_here_hold_bfloat16_once_asked_for():
+    bf16 = dtypes.bfloat16()
+    if bf16 is None:
+        pytest.skip("needs ml_dtypes")
+    assert dtypes.BY_DTYPE[bf16].wire == pb.BFLOAT16 and native.KINDS[bf16] == 1
+    assert dtypes.info_for(np.dtype(np.complex64)) is None  # still unsupported
+
+
+def test_a_joined_rank_that_never_saw_bfloat16_reduces_it_from_the_wire():
+    pytest.importorskip("ml_dtypes")
+    proc = mpirun(["tests/scripts/lazy_bfloat16.py"], np_=2, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    for rank in (0, 1):
+        assert f"rank {rank}: after join ml_dtypes loaded: True" in out, out
+        assert f"rank {rank}: bfloat16 kernels registered: True" in out, out
