@@ -17,6 +17,7 @@ register with `on_bfloat16`.
 
 import importlib.util
 import sys
+import threading
 
 import numpy as np
 
@@ -75,38 +76,49 @@ BFLOAT16_AVAILABLE = importlib.util.find_spec("ml_dtypes") is not None
 SUPPORTED_NAMES = ", ".join([info.name for info in _INFOS]
                             + ([BFLOAT16_NAME] if BFLOAT16_AVAILABLE else []))
 
-_bf16 = None        # the dtype once loaded
-_bf16_tried = False  # whether loading was tried (ml_dtypes may be missing)
+_bf16 = None         # the dtype once loaded
+_bf16_done = False   # set last: loading was tried and every table has it
 _bf16_hooks = []
+# The frontend's thread and the background thread may ask at once; neither
+# may see "no bfloat16" while the other is still importing it.
+_bf16_lock = threading.Lock()
 
 
 def bfloat16():
     """ml_dtypes' bfloat16 dtype, loaded and registered on first call; None
     where ml_dtypes is not installed."""
-    global _bf16, _bf16_tried
-    if _bf16_tried:
+    if _bf16_done:
         return _bf16
-    _bf16_tried = True
+    with _bf16_lock:
+        if not _bf16_done:
+            _load_bfloat16()
+    return _bf16
+
+
+def _load_bfloat16():
+    global _bf16, _bf16_done
     try:
         import ml_dtypes
     except ImportError:
-        return None
+        _bf16_done = True
+        return
     dt = np.dtype(ml_dtypes.bfloat16)
     info = DTypeInfo(dt, pb.BFLOAT16)
     dict.__setitem__(BY_DTYPE, dt, info)
     dict.__setitem__(BY_WIRE, pb.BFLOAT16, info)
-    _bf16 = dt
-    globals()["BFLOAT16"] = dt
     for hook in _bf16_hooks:
         hook(dt)
-    return dt
+    _bf16 = dt
+    globals()["BFLOAT16"] = dt
+    _bf16_done = True
 
 
 def on_bfloat16(hook):
     """Call hook(dtype) once bfloat16 is loaded (now, if it is)."""
-    _bf16_hooks.append(hook)
-    if _bf16 is not None:
-        hook(_bf16)
+    with _bf16_lock:
+        _bf16_hooks.append(hook)
+        if _bf16 is not None:
+            hook(_bf16)
 
 
 def is_bfloat16(dtype):

@@ -66,6 +66,29 @@ def test_a_bfloat16_wire_dtype_loads_it_into_every_table():
     assert out.split() == ["ok"]
 
 
+def test_threads_asking_at_once_all_get_bfloat16():
+    """The frontend's thread and the background thread may both be first:
+    none may be told there is no bfloat16 while another imports it."""
+    out = run_fresh("""
+        import threading
+        from coordinator import dtypes, native
+        from coordinator.wire import pb
+        start, got = threading.Barrier(8), []
+        def ask(i):
+            start.wait()
+            got.append(dtypes.BY_WIRE[pb.BFLOAT16].name if i % 2 else dtypes.bfloat16().name)
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == ["bfloat16"] * 8, got
+        assert native.KINDS[dtypes.BFLOAT16] == 1
+        print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
 def test_a_bfloat16_array_made_after_import_is_known_by_its_dtype():
     out = run_fresh("""
         import numpy as np
