@@ -161,17 +161,12 @@ def _add_process_set(rt, process_set):
     # list left the others waiting until DeadlockError.
     name = ADD_PROCESS_SET_NAME
     try:
-        ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-        if ps.process_set_id is not None:
-            raise ValueError(f"add_process_set: {ps!r} is already registered")
+        ps = _unregistered(process_set)
         ranks = rt.ranks_of(ps)
         if rt.process_sets.id_of(ranks) is not None:
             raise ValueError(f"add_process_set: a process set with ranks {ranks} already "
                              "exists")
-        bad = [r for r in ranks if not 0 <= r < rt.size]
-        if bad or not ranks:
-            raise ValueError(f"add_process_set: ranks {ranks} are not valid for {rt.size} "
-                             "ranks")
+        _check_ranks(rt, ranks)
     except (ValueError, TypeError) as exc:
         collectives._tell_refusal(rt, name, pb.ADD_PROCESS_SET, 0, None, exc)
         raise
@@ -193,11 +188,8 @@ def add_process_set_of_members(process_set):
     name = add_by_members_name(ranks)
     entry = Entry(name, pb.ADD_PROCESS_SET, ranks=tuple(ranks), among_members=True)
     try:
-        if ps.process_set_id is not None:
-            raise ValueError(f"add_process_set: {ps!r} is already registered")
-        if rt.rank not in ranks or any(not 0 <= r < rt.size for r in ranks):
-            raise ValueError(f"add_process_set: ranks {ranks} are not valid for {rt.size} "
-                             f"ranks with this one (rank {rt.rank}) among them")
+        _unregistered(ps)
+        _check_ranks(rt, ranks, with_this_rank=True)
     except ValueError as exc:
         entry.rejected = f"{type(exc).__name__}: {exc}"
         rt.queue.tell(entry)  # (its valid ranks fail too, naming this one)
@@ -205,6 +197,24 @@ def add_process_set_of_members(process_set):
     rt.expect_process_set(name, ps)
     collectives.synchronize(collectives._submit(rt, [entry]))
     return ps
+
+
+def _unregistered(process_set):
+    """`process_set` as a ProcessSet that is not registered yet."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"add_process_set: {ps!r} is already registered")
+    return ps
+
+
+def _check_ranks(rt, ranks, with_this_rank=False):
+    """ValueError unless `ranks` can make a set of this job (and, where
+    asked, hold this rank)."""
+    if not ranks or any(not 0 <= r < rt.size for r in ranks) or (
+            with_this_rank and rt.rank not in ranks):
+        among = f" with this one (rank {rt.rank}) among them" if with_this_rank else ""
+        raise ValueError(f"add_process_set: ranks {ranks} are not valid for {rt.size} "
+                         f"ranks{among}")
 
 
 def remove_process_set(process_set):
