@@ -130,6 +130,27 @@ def test_without_ml_dtypes_bfloat16_is_unsupported_and_named_so():
     assert out.split() == ["ok"]
 
 
+def test_an_ml_dtypes_that_fails_to_import_is_an_error_not_int16(tmp_path):
+    """Found but broken: a bfloat16 tensor must not travel as its int16
+    bits, reduced as integers."""
+    (tmp_path / "ml_dtypes").mkdir()
+    (tmp_path / "ml_dtypes" / "__init__.py").write_text("raise ImportError('broken')\n")
+    out = run_fresh(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import torch
+        from coordinator import dtypes
+        from frontends.torch import _tensors
+        assert dtypes.BFLOAT16_AVAILABLE and dtypes.bfloat16() is None
+        try:
+            _tensors.bridge(torch.ones(2, dtype=torch.bfloat16), "allreduce.grad")
+        except ValueError as exc:
+            print(exc)
+    """)
+    assert out.strip() == ("allreduce.grad: bfloat16 tensors need the ml_dtypes package, "
+                           "which failed to import")
+
+
 def test_tables_here_hold_bfloat16_once_asked_for():
     bf16 = dtypes.bfloat16()
     if bf16 is None:

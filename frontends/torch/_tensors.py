@@ -134,6 +134,10 @@ def check(tensor, what, reducible=False):
     if tensor.is_sparse:
         raise ValueError(f"{what}: sparse tensors are not supported here; use "
                          "sparse_allreduce_async or sparse_as_dense=True")
+    if tensor.dtype is torch.bfloat16 and core_dtypes.bfloat16() is None:
+        # (installed, but it failed to import: else it is not in SUPPORTED)
+        raise ValueError(f"{what}: bfloat16 tensors need the ml_dtypes package, which "
+                         "failed to import")
 
 
 def _check_target(tensor, what):
