@@ -52,9 +52,10 @@ DEPS2 := $(VENV2)/.packages
 # ml_dtypes 0.7.0 (what pip picks beside NumPy 2 and TensorFlow 2.21) takes
 # 1.1 s of CPU to import under NumPy 2.4: it adds hundreds of ufunc loops, and
 # NumPy compares each with every one before it. 0.6.0 takes 8 ms. The core
-# imports it (bfloat16), so every rank of that part paid it: with 0.7.0 the
+# imported it (bfloat16), so every rank of that part paid it: with 0.7.0 the
 # NumPy-2 part took 5 min 57 s to 6 min 26 s in a fresh clone (4 runs),
-# against 4 min 22 s with 0.6.0 in the same clone.
+# against 4 min 22 s with 0.6.0 in the same clone. The core now imports it
+# only when bfloat16 is first needed (221bbc9); TensorFlow still imports it.
 ML_DTYPES2 := "ml_dtypes>=0.5.1,<0.7"
 $(DEPS2): setup.py pyproject.toml proto/coordinator.proto
 	$(PYTHON) -m venv $(VENV2)
