@@ -16,6 +16,7 @@ register with `on_bfloat16`.
 """
 
 import importlib.util
+import os
 import sys
 import threading
 
@@ -82,6 +83,16 @@ _bf16_hooks = []
 # The frontend's thread and the background thread may ask at once; neither
 # may see "no bfloat16" while the other is still importing it.
 _bf16_lock = threading.Lock()
+
+
+def _fresh_lock_in_child():
+    # A child forked while another thread of its parent held the lock would
+    # wait for it for ever: that thread does not exist in the child.
+    global _bf16_lock
+    _bf16_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def bfloat16():

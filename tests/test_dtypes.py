@@ -89,6 +89,22 @@ def test_threads_asking_at_once_all_get_bfloat16():
     assert out.split() == ["ok"]
 
 
+def test_a_child_forked_while_the_lock_is_held_can_still_load_bfloat16():
+    out = run_fresh("""
+        import os
+        from coordinator import dtypes
+        with dtypes._bf16_lock:  # as if another thread were loading it
+            pid = os.fork()
+            if pid == 0:
+                import signal
+                signal.alarm(20)  # (a hang ends the child, failing the check)
+                os._exit(0 if dtypes.bfloat16().name == "bfloat16" else 1)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+    """)
+    assert out.split() == ["0"]
+
+
 def test_a_bfloat16_array_made_after_import_is_known_by_its_dtype():
     out = run_fresh("""
         import numpy as np
