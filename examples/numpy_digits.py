@@ -1,4 +1,4 @@
-"""Data-parallel softmax regression on scikit-learn's bundled digits, in NumPy.
+"""Data-parallel softmax regression on the bundled digits (coordinator/digits.py), in NumPy.
 
     coordrun -np 2 python examples/numpy_digits.py [--epochs 30]
 
@@ -10,8 +10,8 @@ prints the loss and the test accuracy after each epoch.
 import argparse
 
 import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from coordinator.digits import load_digits
+from coordinator.digits import train_test_split
 
 import coordinator as hvd
 

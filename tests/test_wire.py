@@ -94,4 +94,5 @@ def test_a_wheel_built_from_a_fresh_checkout_carries_the_generated_code(tmp_path
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"coordinator/_wire/__init__.py", "coordinator/_wire/coordinator_pb2.py",
             "coordinator/_wire/driver_pb2.py", "coordinator/_wire/driver_pb2_grpc.py",
-            "coordinator/wire.py", "frontends/torch/__init__.py"} <= names
+            "coordinator/wire.py", "frontends/torch/__init__.py",
+            "coordinator/digits.npz"} <= names  # (the examples' data)

@@ -5,8 +5,8 @@ The script has the shape of ChainerMN's examples/mnist/train_mnist.py: an MLP
 inside L.Classifier, a multi-node Adam optimizer, the dataset scattered from
 rank 0, a Trainer with a multi-node evaluator, and reports printed by rank 0.
 Only the import differs (`import frontends.chainer as chainermn`), and the
-data: scikit-learn's bundled 8x8 digits (1,797 images), because nothing can
-be downloaded here.
+data: the bundled 8x8 digits (1,797 images, coordinator/digits.py), because
+nothing can be downloaded here.
 
     mpiexec -n 4 python examples/chainer/train_mnist.py
 
@@ -43,11 +43,11 @@ class MLP(chainer.Chain):
 
 
 def load_digits(test_fraction=0.2, seed=0):
-    """scikit-learn's digits as (train, test) TupleDatasets of float32 pixels
+    """The bundled digits as (train, test) TupleDatasets of float32 pixels
     in [0, 1] and int32 labels, split by a fixed permutation."""
-    from sklearn.datasets import load_digits as sklearn_digits
+    from coordinator.digits import load_digits as bundled_digits
 
-    digits = sklearn_digits()
+    digits = bundled_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int32)
     order = np.random.RandomState(seed).permutation(len(x))

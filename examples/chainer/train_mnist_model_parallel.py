@@ -11,8 +11,8 @@ Backward sends the gradients the other way. Every message is a send/recv
 through the coordinator (it shows in the timeline with HOROVOD_TIMELINE).
 
 Only the import differs (`import frontends.chainer as chainermn`), and the
-data: scikit-learn's bundled 8x8 digits (1,797 images), because nothing can
-be downloaded here; the first layer therefore has 64 inputs, not 784. The
+data: the bundled 8x8 digits (1,797 images, coordinator/digits.py), because
+nothing can be downloaded here; the first layer therefore has 64 inputs, not 784. The
 layers start from fixed seeds, so `--single` trains the same MLP, unsplit,
 in one process from the very same weights, for comparison:
 
@@ -96,11 +96,11 @@ class MLP(chainer.Chain):
 
 
 def load_digits(test_fraction=0.2, seed=0):
-    """scikit-learn's digits as (train, test) TupleDatasets of float32 pixels
+    """The bundled digits as (train, test) TupleDatasets of float32 pixels
     in [0, 1] and int32 labels, split by a fixed permutation."""
-    from sklearn.datasets import load_digits as sklearn_digits
+    from coordinator.digits import load_digits as bundled_digits
 
-    digits = sklearn_digits()
+    digits = bundled_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int32)
     order = np.random.RandomState(seed).permutation(len(x))

@@ -24,7 +24,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
+from coordinator.digits import load_digits
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
 from train_digits import DigitsCNN  # noqa: E402

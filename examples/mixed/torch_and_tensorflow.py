@@ -7,7 +7,7 @@ Both frontends are initialised in every process, and both share the one
 background thread the first init() started: their gradients are negotiated
 together, fused together where their dtypes allow, and show up in one
 timeline. Each step trains the PyTorch MLP and the Keras MLP on the same
-shard of scikit-learn's digits; rank 0 prints both test accuracies.
+shard of the bundled digits; rank 0 prints both test accuracies.
 """
 
 import argparse
@@ -19,8 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+from coordinator.digits import load_digits  # noqa: E402
+from coordinator.digits import train_test_split  # noqa: E402
 
 import frontends.tensorflow as hvd_tf  # noqa: E402
 import frontends.torch as hvd_torch  # noqa: E402

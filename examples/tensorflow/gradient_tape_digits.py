@@ -1,4 +1,4 @@
-"""A custom TensorFlow 2 training loop on scikit-learn's digits, data-parallel
+"""A custom TensorFlow 2 training loop on the bundled digits, data-parallel
 with Horovod's DistributedGradientTape.
 
     coordrun -np 2 python examples/tensorflow/gradient_tape_digits.py [--epochs 10]
@@ -19,8 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+from coordinator.digits import load_digits  # noqa: E402
+from coordinator.digits import train_test_split  # noqa: E402
 
 import frontends.tensorflow as hvd  # noqa: E402
 

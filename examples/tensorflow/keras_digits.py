@@ -1,4 +1,4 @@
-"""Keras 3 `model.fit` on scikit-learn's digits, data-parallel with Horovod's API.
+"""Keras 3 `model.fit` on the bundled digits, data-parallel with Horovod's API.
 
     coordrun -np 2 python examples/tensorflow/keras_digits.py [--epochs 10]
     python examples/tensorflow/keras_digits.py --no-distribute [--world 2]
@@ -30,8 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+from coordinator.digits import load_digits  # noqa: E402
+from coordinator.digits import train_test_split  # noqa: E402
 
 
 class StepTimer(keras.callbacks.Callback):

@@ -1,5 +1,6 @@
-"""Data-parallel training of a small CNN on scikit-learn's bundled 8x8 digits,
-written as a Horovod PyTorch script; only the import differs.
+"""Data-parallel training of a small CNN on the bundled 8x8 digits
+(coordinator/digits.py), written as a Horovod PyTorch script; only the
+import differs.
 
     mpirun -np 2 python examples/torch/train_digits.py [--epochs 12]
     (or: coordrun -np 2 python examples/torch/train_digits.py)
@@ -16,8 +17,8 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from coordinator.digits import load_digits
+from coordinator.digits import train_test_split
 from torch import nn
 
 import frontends.torch as hvd

@@ -137,9 +137,9 @@ def case_without_autoload_only_the_master_runs_the_snapshot(hvd):
 
 # ---------------------------------------------------------------- autoload
 def load_digits():
-    from sklearn.datasets import load_digits as sklearn_digits
+    from coordinator.digits import load_digits as bundled_digits
 
-    digits = sklearn_digits()
+    digits = bundled_digits()
     return chainer.datasets.TupleDataset((digits.data / 16.0).astype(np.float32),
                                          digits.target.astype(np.int32))
 

@@ -33,8 +33,8 @@ def assert_equal(actual, expected, what=""):
 
 
 def digits(n=None):
-    """scikit-learn's bundled digits (no download), scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
+    """the bundled digits (coordinator/digits.py) (no download), scaled to [0, 1]."""
+    from coordinator.digits import load_digits
 
     d = load_digits()
     x = (d.data / 16.0).astype(np.float32)
