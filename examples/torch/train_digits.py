@@ -53,8 +53,7 @@ def main():
     digits = load_digits()
     x = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
     y = torch.tensor(digits.target)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25,
-                                                        random_state=0, stratify=y)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0)
     # Each rank its shard (what DistributedSampler would give).
     x_train, y_train = x_train[hvd.rank()::hvd.size()], y_train[hvd.rank()::hvd.size()]
     x_test, y_test = x_test[hvd.rank()::hvd.size()], y_test[hvd.rank()::hvd.size()]
