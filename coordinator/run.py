@@ -1034,10 +1034,7 @@ def run_function(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
 def _run_function(func, args, kwargs, parsed):
     from coordinator.elastic.launch import launch, make_driver
 
-    try:
-        import cloudpickle as pickler
-    except ImportError:  # pragma: no cover
-        import pickle as pickler
+    import cloudpickle as pickler
 
     elastic = is_elastic(parsed)
     if not elastic:

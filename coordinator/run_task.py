@@ -3,7 +3,7 @@ it, and reports its result (or its error) back.
 
     python -m coordinator.run_task      (started by coordinator.run through mpirun)
 
-The function and its result travel pickled (cloudpickle where installed),
+The function and its result travel pickled (cloudpickle),
 over the driver's authenticated gRPC service.
 """
 
@@ -11,10 +11,7 @@ import os
 import sys
 import traceback
 
-try:
-    import cloudpickle as _pickle
-except ImportError:  # pragma: no cover - cloudpickle comes with the frameworks
-    import pickle as _pickle
+import cloudpickle as _pickle
 
 from coordinator.config import elastic_job
 from coordinator.elastic import membership, worker
