@@ -26,7 +26,7 @@ def load_digits():
         images, target = f["images"], f["target"]
     images = images.astype(np.float64)
     return SimpleNamespace(images=images, data=images.reshape(len(images), -1),
-                           target=target.astype(np.int64), target_names=np.arange(10))
+                           target=target.astype(np.int64))
 
 
 def train_test_split(x, y, test_size, random_state):

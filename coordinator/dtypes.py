@@ -41,7 +41,7 @@ class _ByDtype(dict):
     """DTypeInfo by NumPy dtype; a bfloat16 key loads bfloat16 first."""
 
     def __missing__(self, key):
-        if getattr(key, "name", None) == BFLOAT16_NAME and bfloat16() is not None and key in self:
+        if is_bfloat16(key):  # (loaded by the check)
             return dict.__getitem__(self, key)
         raise KeyError(key)
 
@@ -134,8 +134,9 @@ def on_bfloat16(hook):
 
 def is_bfloat16(dtype):
     """Whether a NumPy dtype is bfloat16, without importing ml_dtypes for
-    any other dtype."""
-    if getattr(dtype, "name", None) != BFLOAT16_NAME:
+    any other dtype (ml_dtypes' dtypes are of kind "V": a cheap first test
+    on the per-tensor paths)."""
+    if getattr(dtype, "kind", None) != "V" or dtype.name != BFLOAT16_NAME:
         return False
     bf16 = bfloat16()
     return bf16 is not None and dtype == bf16

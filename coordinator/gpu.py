@@ -201,7 +201,7 @@ def output_array(output, arr, device, what):
 def storage_dtype(dtype):
     """The dtype a device array of `dtype` is held in (bfloat16: int16)."""
     dtype = np.dtype(dtype)
-    return np.dtype(np.int16) if dtype.kind == "V" and dtypes.is_bfloat16(dtype) else dtype
+    return np.dtype(np.int16) if dtypes.is_bfloat16(dtype) else dtype
 
 
 def result_dtype(entry, storage):

@@ -51,6 +51,7 @@ def _add_bfloat16(dt):
 
 
 dtypes.on_bfloat16(_add_bfloat16)
+
 MINMAX_CODES = {pb.MIN: 1, pb.MAX: 2}
 MINMAX_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
 _MINMAX_DTYPES = {code: dt for dt, code in MINMAX_KINDS.items()}

@@ -172,7 +172,7 @@ def _host_array(tensor):
 
 def _from_array(array):
     """A tensor over a NumPy array the core allocated (no copy)."""
-    if array.dtype.kind == "V" and core_dtypes.is_bfloat16(array.dtype):
+    if core_dtypes.is_bfloat16(array.dtype):
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 

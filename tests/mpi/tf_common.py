@@ -33,7 +33,7 @@ def assert_equal(actual, expected, what=""):
 
 
 def digits(n=None):
-    """the bundled digits (coordinator/digits.py) (no download), scaled to [0, 1]."""
+    """The bundled digits (coordinator/digits.py), scaled to [0, 1]."""
     from coordinator.digits import load_digits
 
     d = load_digits()
